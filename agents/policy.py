@@ -1,0 +1,55 @@
+"""What a policy is: something that answers a conversation with one assistant message.
+
+Every policy (reference replay, OpenAI-compatible endpoint, in-process transformers, vLLM) implements `Policy`.
+Errors are typed by the boundary they cross: `ModelError` (the model produced something unusable: a row with
+verdict model_error), `EndpointError` (the endpoint failed after retries: a row with verdict infra_error, to be
+retried), `ContextLengthError` (the conversation no longer fits: model_error, not retried).
+This module holds no policy implementation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from tasks.spec import Task
+from warehouse.record import Message, Source
+
+
+class PolicyReply(BaseModel):
+    message: Message
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    finish_reason: str | None = None
+    token_ids: list[int] | None = Field(default=None, description="Completion token ids, when returned.")
+    logprobs: list[float] | None = Field(default=None, description="Completion token logprobs, when returned.")
+
+
+class PolicyError(Exception):
+    """Base of errors a policy raises."""
+
+
+class ModelError(PolicyError):
+    """The model's output cannot be used (malformed tool call, empty reply)."""
+
+
+class ContextLengthError(ModelError):
+    """The prompt no longer fits the model's context; retrying cannot help."""
+
+
+class EndpointError(PolicyError):
+    """The endpoint could not answer after bounded retries (down, 5xx, timeouts): infrastructure."""
+
+
+class Policy(Protocol):
+    name: str
+    source: Source
+    endpoint: str | None
+
+    @property
+    def sampling(self) -> dict[str, Any]: ...
+
+    async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
+                    sample_index: int) -> PolicyReply: ...
