@@ -43,6 +43,16 @@ class EndpointError(PolicyError):
     """The endpoint could not answer after bounded retries (down, 5xx, timeouts): infrastructure."""
 
 
+class RequestRejected(EndpointError):
+    """The endpoint refused the request for a reason retrying cannot fix (401/403/404/422, a 400 that is not
+    about context length): infrastructure (a wrong key, model name or server option), so the rollout runner
+    does not retry it; the message names the status and the fix."""
+
+
+class PolicySetupError(PolicyError):
+    """A policy cannot be built here (optional package missing, model folder absent); the message names the fix."""
+
+
 class Policy(Protocol):
     name: str
     source: Source

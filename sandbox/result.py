@@ -54,3 +54,25 @@ class Sandbox(Protocol):
     def write_files(self, files: dict[str, str]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A place sandboxes come from (a Docker engine with a warm pool, or bubblewrap on this host)."""
+
+    name: str
+
+    def acquire(self) -> Sandbox:
+        """A clean sandbox for one episode: no files, processes or state of an earlier one. Caller closes it."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release every sandbox and pooled resource of this backend."""
+        ...
+
+
+class SandboxError(Exception):
+    """Base of sandbox infrastructure errors (never the program's fault)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The backend cannot be used at all (no engine, image missing, bwrap missing); the message names the fix."""

@@ -1,15 +1,19 @@
 """The agentic task spec: one problem, its tools, how it is verified and how a reference solves it.
 
 A Task is pure data (pydantic, JSON-serialisable). Suites produce Tasks; the episode loop reads them; verifiers
-judge episodes against them. Hidden tests live only here and in the verifier's sandbox, never in the agent's.
-This module does not generate, load or verify tasks.
+judge episodes against them. Hidden tests live only here and in the verifier's fresh sandbox, never in the agent's
+workspace: `files` is what the agent's workspace starts with (for code tasks: the starter solution and the
+visible tests). This module does not generate, load or verify tasks.
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from warehouse.record import Message
 
 
 class ToolCallStep(BaseModel):
@@ -36,6 +40,24 @@ class VerifierSpec(BaseModel):
     answer: str | None = Field(default=None, description="Expected answer (numeric verifier).")
     tolerance: float = Field(default=1e-6, description="Absolute/relative tolerance for numeric answers.")
     requires_tool: str | None = Field(default=None, description="Tool the episode must use, else no_tool_use.")
+    solution_path: str = Field(default="solution.py",
+                               description="Workspace file holding the agent's code (unit_tests verifier).")
+    timeout_s: float = Field(default=5.0, gt=0, description="Wall-clock limit of one test (unit_tests verifier).")
+    rubric: str | None = Field(default=None, description="What a good answer must do (llm_judge verifier).")
+
+    @model_validator(mode="after")
+    def _judge_never_alone(self) -> VerifierSpec:
+        if self.kind == "llm_judge" and self.answer is not None:
+            raise ValueError("an llm_judge verifier never judges a task that has an expected answer; "
+                             "use kind='numeric' for it")
+        return self
+
+
+def _safe_relpath(p: str) -> str:
+    norm = posixpath.normpath(p)
+    if not p or p.startswith("/") or norm.startswith("..") or norm == ".":
+        raise ValueError(f"workspace path {p!r} must be relative and stay inside the workspace")
+    return norm
 
 
 class Task(BaseModel):
@@ -46,10 +68,41 @@ class Task(BaseModel):
     split: Literal["train", "heldout"]
     prompt: str = Field(description="The user's request.")
     system: str | None = Field(default=None, description="Optional system prompt before the tool instructions.")
+    messages: list[Message] | None = Field(
+        default=None, description="Earlier turns placed between the system prompt and the prompt (few-shot).")
     tools: list[str] = Field(default_factory=lambda: ["python"], description="Names of tools the task exposes.")
     verifier: VerifierSpec
     reference: ReferenceSolution
-    visible_tests: list[str] = Field(default_factory=list)
-    hidden_tests: list[str] = Field(default_factory=list)
+    visible_tests: list[str] = Field(default_factory=list,
+                                     description="Test snippets the agent sees (also in `files`).")
+    hidden_tests: list[str] = Field(default_factory=list,
+                                    description="Test snippets only the verifier's fresh sandbox sees.")
+    files: dict[str, str] = Field(default_factory=dict,
+                                  description="Relative path -> text: the agent's workspace at the first turn.")
     difficulty: int = 1
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("files")
+    @classmethod
+    def _files_inside(cls, v: dict[str, str]) -> dict[str, str]:
+        return {_safe_relpath(k): c for k, c in v.items()}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Task:
+        if self.verifier.kind == "unit_tests" and not (self.visible_tests or self.hidden_tests):
+            raise ValueError("a unit_tests task needs at least one visible or hidden test")
+        if self.verifier.kind == "llm_judge" and (self.visible_tests or self.hidden_tests):
+            raise ValueError("an llm_judge verifier never judges code that has tests; use kind='unit_tests'")
+        if self.verifier.kind == "numeric" and self.verifier.answer is None:
+            raise ValueError("a numeric task needs verifier.answer")
+        return self
+
+
+def conversation(task: Task) -> list[Message]:
+    """The task's opening turns: its system prompt (if any), its earlier turns (if any), then the prompt."""
+    out: list[Message] = []
+    if task.system:
+        out.append(Message(role="system", content=task.system))
+    out.extend(task.messages or [])
+    out.append(Message(role="user", content=task.prompt))
+    return out

@@ -1,0 +1,25 @@
+# The two commands of the README, and a few helpers.
+.PHONY: setup run test test-fast bench lint
+
+setup:
+	bash scripts/setup.sh
+
+# The main job on the offline default.
+run: setup
+	.venv/bin/flywheel generate --n-tasks 50 --samples 2 --out runs/default
+
+# Everything CI runs: all tests but the gpu ones.
+test: setup
+	.venv/bin/pytest -m "not gpu"
+
+# The fast core only (no Docker, no servers, no training).
+test-fast:
+	.venv/bin/pytest -m "not gpu and not docker and not e2e and not slow"
+
+bench:
+	.venv/bin/python benchmarks/sandbox.py
+	.venv/bin/python benchmarks/warehouse.py --n 100000
+	.venv/bin/python benchmarks/rollout.py
+
+lint:
+	.venv/bin/ruff check .

@@ -1,0 +1,306 @@
+"""The episode loop: one task, one policy, one sandbox -> one `Trajectory` row, whatever happens.
+
+`run_episode` builds the opening messages (system + user) and the task's tool schemas, then alternates: the
+policy answers; each tool call it makes is decoded (`tasks.tools.parse_arguments`), run in the episode's sandbox
+(in a worker thread: sandboxes are synchronous) and its observation appended as a `tool` message with the
+call's `tool_call_id`; an assistant message without tool calls ends the episode and the task's verifier judges it.
+
+The sandbox is acquired lazily, at the first tool call, and closed when the episode ends: an episode that waits on
+a rate-limited endpoint or answers without tools holds no container.
+
+Every outcome is a row (never an exception, except cancellation):
+- verifier verdict (pass / fail / hack) when the policy gave a final answer;
+- `model_error` when the policy raised `ModelError` (malformed output, context too long: error_class names it) or a
+  tool call named an unknown tool / carried arguments that do not decode (error_class `ToolArgumentError`);
+- `timeout` with error_class `MaxTurns` when `max_turns` assistant turns passed without a final answer
+  (the model's failure to finish: scored, reward 0);
+- `infra_error` when the endpoint failed after its retries (`EndpointError`), the sandbox could not be acquired or
+  a tool call died of an infrastructure error, the verifier crashed, or anything unexpected was raised
+  (error_class / error_message say what). infra_error rows carry reward 0 and success False but are never scored:
+  the rollout runner retries them and queries exclude them (warehouse.record.SCORED_VERDICTS).
+
+Rows carry tokens, turns, tool calls, latency, cost, sampling params, policy name and endpoint, sandbox backend and
+image, and per-assistant-turn completion token ids / logprobs when the policy returns them ([] for a turn that did
+not). This module does not retry, batch or write rows (agents/rollout.py and warehouse/ do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import json
+import logging
+import time
+from concurrent.futures import Executor
+from typing import Any
+
+import tasks.tools as task_tools
+from agents.policy import EndpointError, ModelError, Policy
+from sandbox.result import Backend, Sandbox, SandboxError
+from tasks.spec import Task
+from tasks.tools import ToolArgumentError, observation, parse_arguments, run_tool, tool_schemas
+from tasks.verify import Outcome, extract_answer, verify
+from warehouse.record import Message, Trajectory, trajectory_id
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM = "You are a careful agent. Use the tools to work things out, then give your final answer."
+ANSWER_FORMATS: dict[str, str] = {
+    "numeric": "End your final message with 'Answer: <number>'.",
+}
+MAX_ERROR_MESSAGE = 2000
+
+
+def system_prompt(task: Task) -> str:
+    """The system message of an episode: the task's own, else a default plus the verifier's answer format."""
+    if task.system:
+        return task.system
+    fmt = ANSWER_FORMATS.get(task.verifier.kind)
+    return f"{DEFAULT_SYSTEM} {fmt}" if fmt else DEFAULT_SYSTEM
+
+
+def initial_messages(task: Task) -> list[Message]:
+    """The opening conversation every policy sees (system, the task's earlier turns, user); training reuses it."""
+    earlier = list(getattr(task, "messages", None) or [])
+    return [Message(role="system", content=system_prompt(task)), *earlier, Message(role="user", content=task.prompt)]
+
+
+class _Episode:
+    """Mutable accounting of one episode while it runs."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.n_tool_calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cost_usd = 0.0
+        self.token_ids: list[list[int]] = []
+        self.logprobs: list[list[float]] = []
+        self.any_token_ids = False
+        self.any_logprobs = False
+        self.sandbox: Sandbox | None = None
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _needs_workspace(task: Task) -> bool:
+    """Whether the verifier judges the agent's files (code tasks), so the loop snapshots the workspace."""
+    return _accepts(verify, "workspace") and (task.verifier.kind == "unit_tests" or bool(getattr(task, "files", None)))
+
+
+def _snapshot(task: Task, sandbox: Sandbox | None) -> Any:
+    """The agent's workspace after the last turn (pristine task files when no tool call ever opened a sandbox)."""
+    if sandbox is None:
+        return task_tools.pristine_snapshot(dict(getattr(task, "files", None) or {}))
+    return task_tools.workspace_snapshot(sandbox)
+
+
+def _verify(task: Task, messages: list[Message], backend: Backend, workspace: Any,
+            extra: dict[str, Any] | None = None) -> Outcome:
+    """Call tasks.verify.verify with the keyword arguments this version of it accepts (backend, workspace, extra)."""
+    kw: dict[str, Any] = dict(extra or {})
+    if _accepts(verify, "backend"):
+        kw["backend"] = backend
+    if workspace is not None and _accepts(verify, "workspace"):
+        kw["workspace"] = workspace
+    return verify(task, messages, **kw)
+
+
+def _run_tool(sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
+    if timeout_s is not None and _accepts(run_tool, "timeout_s"):
+        return run_tool(sandbox, name, args, timeout_s=timeout_s)  # type: ignore[call-arg]
+    return run_tool(sandbox, name, args)
+
+
+async def _in_thread(executor: Executor | None, fn: Any, *args: Any) -> Any:
+    """Run a blocking sandbox call in `executor` (the rollout's pool, sized to its concurrency) or, without one, in
+    the loop's default executor -- which holds only min(32, cpus + 4) threads: too few for many episodes."""
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    return await loop.run_in_executor(executor, functools.partial(ctx.run, fn, *args))
+
+
+async def _close(sandbox: Sandbox | None, executor: Executor | None = None) -> None:
+    if sandbox is None:
+        return
+    try:
+        await _in_thread(executor, sandbox.close)
+    except Exception as e:  # noqa: BLE001 - closing is best effort: the backend reaps what it cannot close
+        log.warning("closing sandbox failed: %s: %s", type(e).__name__, e)
+
+
+async def run_episode(
+    task: Task,
+    policy: Policy,
+    backend: Backend,
+    *,
+    run_id: str,
+    round: int = 0,
+    sample_index: int = 0,
+    max_turns: int = 8,
+    tool_timeout_s: float | None = None,
+    verify_kwargs: dict[str, Any] | None = None,
+    executor: Executor | None = None,
+) -> Trajectory:
+    """Run one episode of `task` with `policy`, tool calls in a sandbox from `backend`; return its row.
+
+    max_turns counts assistant messages; exceeding it gives verdict "timeout", error_class "MaxTurns".
+    tool_timeout_s overrides the sandbox config's per-call wall-clock limit when given. verify_kwargs go to
+    tasks.verify.verify (e.g. rewards=RewardConfig(...), judge_config=JudgeConfig(...)). executor runs the blocking
+    sandbox and verifier calls (default: the loop's default executor).
+    Never raises for the episode's own failures (see the module docstring); cancellation propagates.
+    """
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    t0 = time.perf_counter()
+    tools: list[dict[str, Any]] = []
+    messages = initial_messages(task)
+    ep = _Episode()
+    verdict: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    outcome: Outcome | None = None
+
+    try:
+        tools = tool_schemas(task.tools)  # an unknown tool name is a broken task: an infra_error row, not a crash
+        final = False
+        while ep.turns < max_turns:
+            try:
+                reply = await policy.reply(messages, tools, task=task, sample_index=sample_index)
+            except ModelError as e:
+                verdict, error_class, error_message = "model_error", type(e).__name__, str(e)
+                break
+            except EndpointError as e:
+                verdict, error_class, error_message = "infra_error", type(e).__name__, str(e)
+                break
+            ep.turns += 1
+            ep.prompt_tokens += reply.prompt_tokens
+            ep.completion_tokens += reply.completion_tokens
+            ep.cost_usd += reply.cost_usd
+            ep.token_ids.append(list(reply.token_ids or []))
+            ep.logprobs.append(list(reply.logprobs or []))
+            ep.any_token_ids |= reply.token_ids is not None
+            ep.any_logprobs |= reply.logprobs is not None
+            msg = reply.message
+            if msg.role != "assistant":
+                msg = msg.model_copy(update={"role": "assistant"})
+            messages.append(msg)
+            if not msg.tool_calls:
+                final = True
+                break
+            stop = False
+            for call in msg.tool_calls:
+                ep.n_tool_calls += 1
+                try:
+                    if call.function.name not in task.tools:
+                        raise ToolArgumentError(
+                            f"tool {call.function.name!r} is not offered by this task (offered: {task.tools})")
+                    args = parse_arguments(call.function.name, call.function.arguments)
+                except ToolArgumentError as e:
+                    messages.append(Message(role="tool", tool_call_id=call.id, name=call.function.name,
+                                            content=f"error: {e}"))
+                    verdict, error_class, error_message = "model_error", "ToolArgumentError", str(e)
+                    stop = True
+                    break
+                if ep.sandbox is None:
+                    try:
+                        ep.sandbox = await _in_thread(executor, backend.acquire)
+                        files = getattr(task, "files", None)
+                        if files:
+                            prepare = getattr(task_tools, "prepare_workspace", None)
+                            if prepare is not None:
+                                await _in_thread(executor, prepare, ep.sandbox, dict(files))
+                            else:
+                                await _in_thread(executor, ep.sandbox.write_files, dict(files))
+                    except Exception as e:  # noqa: BLE001
+                        verdict, error_class = "infra_error", type(e).__name__
+                        error_message = f"acquiring a sandbox from backend {getattr(backend, 'name', '?')!r}: {e}"
+                        stop = True
+                        break
+                sandbox = ep.sandbox
+                try:
+                    result = await _in_thread(executor, _run_tool, sandbox, call.function.name, args,
+                                              tool_timeout_s)
+                except SandboxError as e:
+                    verdict, error_class, error_message = "infra_error", type(e).__name__, str(e)
+                    stop = True
+                    break
+                if result.verdict == "infra_error":
+                    verdict, error_class = "infra_error", "SandboxInfraError"
+                    error_message = result.error or "the sandbox reported an infrastructure error"
+                    stop = True
+                    break
+                messages.append(Message(role="tool", tool_call_id=call.id, name=call.function.name,
+                                        content=observation(result)))
+            if stop:
+                break
+        if verdict is None and not final:
+            verdict, error_class = "timeout", "MaxTurns"
+            error_message = f"no final answer after {max_turns} assistant turns (max_turns={max_turns})"
+        if verdict is None:
+            try:
+                workspace = None
+                if _needs_workspace(task):
+                    workspace = await _in_thread(executor, _snapshot, task, ep.sandbox)
+                outcome = await _in_thread(executor, _verify, task, messages, backend, workspace, verify_kwargs)
+                verdict = outcome.verdict
+            except Exception as e:  # noqa: BLE001 - VerifierUnavailable (no backend / judge) or a verifier crash: infrastructure
+                verdict, error_class = "infra_error", type(e).__name__
+                error_message = f"verifier {task.verifier.kind!r} failed: {type(e).__name__}: {e}"
+                outcome = None
+    except asyncio.CancelledError:
+        await _close(ep.sandbox, executor)
+        raise
+    except Exception as e:  # anything unexpected is infrastructure, recorded, retried by the runner
+        log.exception("episode %s/%s crashed", task.id, sample_index)
+        verdict, error_class, error_message = "infra_error", type(e).__name__, str(e) or repr(e)
+    await _close(ep.sandbox, executor)
+
+    sandbox_backend = ep.sandbox.backend if ep.sandbox is not None else getattr(backend, "name", None)
+    sandbox_image = ep.sandbox.image if ep.sandbox is not None else getattr(backend, "image", None)
+    scored = outcome is not None and verdict == outcome.verdict
+    return Trajectory(
+        trajectory_id=trajectory_id(run_id, round, task.id, policy.name, sample_index),
+        run_id=run_id,
+        round=round,
+        source=policy.source,
+        policy=policy.name,
+        endpoint=policy.endpoint,
+        sampling_json=json.dumps(policy.sampling, sort_keys=True, default=str),
+        sample_index=sample_index,
+        task_id=task.id,
+        suite=task.suite,
+        split=task.split,
+        task_version=task.version,
+        difficulty=task.difficulty,
+        sandbox_backend=sandbox_backend,
+        sandbox_image=sandbox_image,
+        verifier=outcome.verifier if outcome else task.verifier.kind,
+        verifier_version=outcome.verifier_version if outcome else "",
+        messages=messages,
+        tools_json=json.dumps(tools, sort_keys=True),
+        answer=outcome.answer if outcome else extract_answer(messages),
+        reward=outcome.reward if scored and outcome else 0.0,
+        success=bool(outcome.success) if scored and outcome else False,
+        verdict=verdict,  # type: ignore[arg-type]
+        hack_flags=list(outcome.hack_flags) if outcome else [],
+        reward_terms_json=json.dumps(outcome.reward_terms if outcome else {}, sort_keys=True),
+        verifier_details_json=json.dumps(outcome.details if outcome else {}, sort_keys=True, default=str),
+        turns=ep.turns,
+        n_tool_calls=ep.n_tool_calls,
+        prompt_tokens=ep.prompt_tokens,
+        completion_tokens=ep.completion_tokens,
+        cost_usd=ep.cost_usd,
+        latency_ms=(time.perf_counter() - t0) * 1000.0,
+        completion_token_ids=ep.token_ids if ep.any_token_ids else None,
+        completion_logprobs=ep.logprobs if ep.any_logprobs else None,
+        error_class=error_class,
+        error_message=(error_message or "")[:MAX_ERROR_MESSAGE] or None,
+    )

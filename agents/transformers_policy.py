@@ -1,0 +1,235 @@
+"""The in-process student policy: a transformers causal LM answering conversations, tool calls parsed from its text.
+
+`TransformersPolicy` implements agents.policy.Policy for a local model folder or hub id (the tiny student, an SFT
+or GRPO checkpoint). Concurrent `reply` calls (the rollout runner's workers) are gathered into one left-padded
+`generate` call of up to `batch_size` conversations, run in a worker thread so the event loop stays free.
+The reply text is parsed the way the Qwen2.5 / Hermes chat templates emit tool calls:
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; text outside them is the message content.
+
+Errors, typed by the boundary they cross: a block that is not a JSON object with a string `name` and object or
+string `arguments`, an unterminated block, or an empty reply raises ModelError (the loop records model_error);
+a prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
+Greedy decoding (temperature 0) is deterministic; sampling is seeded per batch (seed + a batch counter), so a
+sampled reply depends on which requests share its batch. This module does not run tools or verify anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from agents.policy import ContextLengthError, ModelError, PolicyReply
+from tasks.spec import Task
+from warehouse.record import FunctionCall, Message, Source, ToolCall
+
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+class MalformedToolCall(ModelError):
+    """The model wrote a <tool_call> block that is not a usable call."""
+
+
+class EmptyReply(ModelError):
+    """The model ended its turn without content or tool calls."""
+
+
+def parse_reply_text(text: str, *, call_id_prefix: str = "call") -> Message:
+    """Generated assistant text -> Message with content and ToolCall entries (arguments re-encoded as JSON).
+
+    Raises MalformedToolCall or EmptyReply (both ModelError).
+    """
+    if text.count("<tool_call>") != text.count("</tool_call>"):
+        raise MalformedToolCall(f"unterminated <tool_call> block in reply: {text[:200]!r}")
+    calls: list[ToolCall] = []
+    for i, raw in enumerate(TOOL_CALL_RE.findall(text)):
+        try:
+            obj = json.loads(raw.strip())
+        except json.JSONDecodeError as e:
+            raise MalformedToolCall(f"tool call is not valid JSON ({e}): {raw.strip()[:200]!r}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            raise MalformedToolCall(f"tool call needs a string 'name': {raw.strip()[:200]!r}")
+        args = obj.get("arguments", {})
+        if isinstance(args, str):
+            arguments = args
+        elif isinstance(args, dict):
+            arguments = json.dumps(args, ensure_ascii=False)
+        else:
+            raise MalformedToolCall(f"tool call 'arguments' must be an object: {raw.strip()[:200]!r}")
+        calls.append(ToolCall(id=f"{call_id_prefix}_{i}", function=FunctionCall(name=obj["name"],
+                                                                                arguments=arguments)))
+    content = TOOL_CALL_RE.sub("", text).strip()
+    if not content and not calls:
+        raise EmptyReply("the model produced an empty reply")
+    return Message(role="assistant", content=content or None, tool_calls=calls or None)
+
+
+def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Our messages -> the dicts chat templates render (tool-call arguments decoded to objects when they are JSON)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        d = m.to_openai()
+        if d.get("content") is None:
+            d["content"] = ""
+        if m.tool_calls:
+            calls = []
+            for tc in m.tool_calls:
+                try:
+                    args: Any = json.loads(tc.function.arguments) if tc.function.arguments else {}
+                except json.JSONDecodeError:
+                    args = tc.function.arguments
+                calls.append({"id": tc.id, "type": "function",
+                              "function": {"name": tc.function.name, "arguments": args}})
+            d["tool_calls"] = calls
+        out.append(d)
+    return out
+
+
+class _Request:
+    __slots__ = ("future", "loop", "prompt_ids")
+
+    def __init__(self, prompt_ids: list[int], future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+        self.prompt_ids = prompt_ids
+        self.future = future
+        self.loop = loop
+
+
+class TransformersPolicy:
+    """A local causal LM as a Policy (see the module docstring)."""
+
+    def __init__(self, model_path: str | Path, *, name: str | None = None, temperature: float = 0.0,
+                 top_p: float = 1.0, max_new_tokens: int = 128, device: str = "auto", seed: int = 0,
+                 batch_size: int = 32, source: Source = "student", dtype: str = "auto",
+                 threads: int | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)  # process-wide; 1 is fastest for tiny models on a shared CPU
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if batch_size < 1 or max_new_tokens < 1:
+            raise ValueError("batch_size and max_new_tokens must be >= 1")
+        self.model_path = str(model_path)
+        self.name = name or Path(self.model_path).name
+        self.source: Source = source
+        self.endpoint: str | None = None
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.batch_size = batch_size
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype).to(device).eval()
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
+        self._queue: list[_Request] = []
+        self._lock = threading.Lock()
+        self._worker: asyncio.Task | None = None
+        self._batches = 0
+        self._stop_ids = sorted({i for i in [self.tokenizer.eos_token_id,
+                                             self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+                                 if isinstance(i, int) and i >= 0})
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
+                "seed": self.seed, "batch_size": self.batch_size, "model_path": self.model_path}
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+        """Token ids of the conversation rendered for generation (the assistant header at the end)."""
+        enc = self.tokenizer.apply_chat_template(chat_messages(messages), tools=tools or None, tokenize=True,
+                                                 add_generation_prompt=True, return_dict=True)
+        return list(enc["input_ids"])
+
+    async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
+                    sample_index: int) -> PolicyReply:
+        ids = self.prompt_ids(messages, tools)
+        if self.max_context and len(ids) + self.max_new_tokens > self.max_context:
+            raise ContextLengthError(f"prompt of {len(ids)} tokens + max_new_tokens={self.max_new_tokens} exceeds "
+                                     f"the context of {self.max_context} tokens of {self.model_path}")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        self._queue.append(_Request(ids, fut, loop))
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._drain())
+        out_ids, logprobs, finish = await fut
+        text = self.tokenizer.decode(out_ids, skip_special_tokens=False)
+        for tok in ("<|im_end|>", self.tokenizer.eos_token or ""):
+            if tok:
+                text = text.split(tok, 1)[0]
+        text = text.replace(self.tokenizer.pad_token or "\0", "")
+        message = parse_reply_text(text, call_id_prefix=f"call_{sample_index}_{len(messages)}")
+        return PolicyReply(message=message, prompt_tokens=len(ids), completion_tokens=len(out_ids),
+                           finish_reason="tool_calls" if message.tool_calls else finish, token_ids=out_ids,
+                           logprobs=logprobs)
+
+    async def _drain(self) -> None:
+        # Let every worker that is about to ask do so before the batch is cut.
+        await asyncio.sleep(0)
+        while self._queue:
+            batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size:]
+            try:
+                results = await asyncio.to_thread(self._generate, [r.prompt_ids for r in batch])
+            except Exception as e:  # the whole batch failed: every waiter sees it  # noqa: BLE001
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(e)
+                continue
+            for r, res in zip(batch, results):
+                if not r.future.done():
+                    r.future.set_result(res)
+            await asyncio.sleep(0)
+
+    def generate_batch(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float], str]]:
+        """Generate for several prompts at once: (completion ids up to the stop token, their logprobs, finish)."""
+        return self._generate(prompts)
+
+    def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float], str]]:
+        import torch
+
+        with self._lock:
+            self._batches += 1
+            pad = self.tokenizer.pad_token_id
+            width = max(len(p) for p in prompts)
+            input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+            attn = torch.zeros((len(prompts), width), dtype=torch.long)
+            for i, p in enumerate(prompts):
+                input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                attn[i, width - len(p):] = 1
+            kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "eos_token_id": self._stop_ids,
+                                  "pad_token_id": pad, "return_dict_in_generate": True, "output_logits": True}
+            if self.temperature > 0:
+                torch.manual_seed(self.seed + self._batches)
+                kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
+            else:
+                kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            with torch.no_grad():
+                out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
+                                          **kw)
+            seqs = out.sequences[:, width:].cpu()
+            logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else None
+            results = []
+            for i in range(len(prompts)):
+                ids = seqs[i].tolist()
+                finish = "length"
+                for j, t in enumerate(ids):
+                    if t in self._stop_ids:
+                        ids = ids[: j + 1]
+                        finish = "stop"
+                        break
+                lps: list[float] = []
+                if logits is not None and ids:
+                    lp = torch.log_softmax(logits[i, : len(ids)], dim=-1)
+                    lps = lp.gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1).tolist()
+                results.append((ids, lps, finish))
+            return results

@@ -1,0 +1,354 @@
+"""The `flywheel` command line: thin typer wiring over the flows and the plain stage functions.
+
+Every command has --help. Known bad input (config, suite, task file, endpoint, sandbox engine) ends in one line
+`error: ...` that names the problem and the fix, and exit code 2; nothing half-written is left behind.
+Heavy imports happen inside commands so that `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="flywheel: teacher rollouts in sandboxes -> verified trajectories -> SFT -> GRPO -> repeat.")
+sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes; build the sandbox image.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Built-in suites and task files: list, show, validate, export.")
+demos_app = typer.Typer(no_args_is_help=True, help="Human demonstrations: import into the lake.")
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(demos_app, name="demos")
+
+
+class UsageError(Exception):
+    """Bad command-line input detected here."""
+
+
+# (module, class) of every error that means bad input or an unusable environment: one line, exit 2, not a bug.
+KNOWN_ERRORS = (
+    ("flows.config", "ConfigError"), ("flows.runners", "RunnerError"), ("flows.serve", "ServeError"),
+    ("agents.policy", "PolicyError"), ("sandbox.result", "SandboxError"), ("tasks.suites", "UnknownSuiteError"),
+    ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lake", "LakeError"),
+    ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
+    ("warehouse.demos", "DemoImportError"), ("warehouse.mixing", "SnapshotError"),
+    ("training.registry", "RegistryError"), ("training.sft", "TrainingError"), ("training.tiny", "TinyModelError"),
+)
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    import importlib
+
+    errs: list[type[BaseException]] = [UsageError]
+    for mod, name in KNOWN_ERRORS:
+        cls = getattr(importlib.import_module(mod), name)
+        assert isinstance(cls, type) and issubclass(cls, BaseException), f"{mod}.{name} is not an exception"
+        errs.append(cls)
+    return tuple(errs)
+
+
+Config = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file.")]
+Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: section.key=value.")]
+
+
+@app.command()
+def generate(
+    config: Config = None,
+    suite: Annotated[Optional[str], typer.Option(help="Suite name or task file.")] = None,
+    split: Annotated[Optional[str], typer.Option(help="train or heldout.")] = None,
+    n_tasks: Annotated[Optional[int], typer.Option("--n-tasks", help="Number of tasks.")] = None,
+    samples: Annotated[Optional[int], typer.Option(help="Episodes per task.")] = None,
+    difficulty: Annotated[Optional[int], typer.Option(help="Difficulty 1-3 of built-in suites.")] = None,
+    teacher: Annotated[Optional[str], typer.Option(help="reference | openai | transformers | vllm.")] = None,
+    base_url: Annotated[Optional[str], typer.Option("--base-url", help="OpenAI-compatible endpoint URL.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name (openai) or model folder (transformers).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker or local.")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(help="Episodes in flight at once.")] = None,
+    run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (reuse to resume).")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
+    set_: Sets = None,
+) -> None:
+    """Roll a teacher out on a task suite in sandboxes; write verified trajectories to the lake."""
+    from flows.config import load_config
+
+    overrides = list(set_ or [])
+    for key, val in (("generate.suite", suite), ("generate.split", split), ("generate.n_tasks", n_tasks),
+                     ("generate.samples", samples), ("generate.difficulty", difficulty),
+                     ("teacher.kind", teacher), ("teacher.base_url", base_url), ("teacher.model", model),
+                     ("sandbox.backend", backend), ("generate.concurrency", concurrency),
+                     ("run.run_id", run_id), ("run.out", out)):
+        if val is not None:
+            overrides.append(f"{key}={json.dumps(val)}")
+    cfg = load_config(config, overrides)
+    from flows.generate import generate_flow, print_summary
+
+    summary = generate_flow(cfg)
+    print_summary(summary)
+
+
+@app.command()
+def run(
+    config: Config = None,
+    rounds: Annotated[Optional[int], typer.Option(help="Number of rounds.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue run RUN_ID where it stopped (its saved config "
+                                                       "is used).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker or local.")] = None,
+    set_: Sets = None,
+) -> None:
+    """The flywheel: rounds of teacher -> curate -> SFT -> GRPO -> student re-rollout, then the report."""
+    from flows.config import load_config
+
+    if resume:
+        if config or rounds or set_ or backend:
+            raise UsageError("--resume uses the run's saved config; drop --config/--rounds/--set/--backend")
+        root = out or "runs/default"
+        saved = _saved_config_path(root, resume)
+        cfg = load_config(saved)
+    else:
+        overrides = list(set_ or [])
+        for key, val in (("flywheel.rounds", rounds), ("run.out", out), ("sandbox.backend", backend)):
+            if val is not None:
+                overrides.append(f"{key}={json.dumps(val)}")
+        cfg = load_config(config, overrides)
+    from flows.flywheel import flywheel_flow, print_summary
+
+    print_summary(flywheel_flow(cfg, resume=bool(resume)))
+
+
+def _saved_config_path(root: str, run_id: str) -> Path:
+    if "://" in root and not root.startswith("file://"):
+        raise UsageError("--resume reads the saved config from a local lake root; pass --out DIR")
+    base = root[len("file://"):] if root.startswith("file://") else root
+    p = Path(base) / "runs" / run_id / "config.toml"
+    if not p.is_file():
+        raise UsageError(f"run {run_id} has no saved config at {p}; check --resume RUN_ID and --out DIR")
+    return p
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL over views trajectories, messages, tool_calls, ...")],
+    root: Annotated[str, typer.Option(help="Lake root folder or URL.")] = "runs/default",
+    format: Annotated[str, typer.Option("--format", "-f", help="table | json | csv | parquet.")] = "table",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write (needed for parquet).")] = None,
+) -> None:
+    """Run SQL against the trajectory lake (in-memory DuckDB over the Parquet files)."""
+    from warehouse.query import sql_command
+
+    sql_command(root, query, format, str(output) if output else None)
+
+
+Root = Annotated[str, typer.Option(help="Lake root folder or URL.")]
+
+
+def _lake_root(root: str) -> str:
+    """A local lake root must exist for read commands (a typo would otherwise read as an empty lake)."""
+    if "://" not in root and not Path(root).is_dir():
+        raise UsageError(f"lake root {root} does not exist; pass the --root (or --out) a run wrote to")
+    return root
+
+
+@app.command()
+def export(
+    out: Annotated[str, typer.Argument(help="Output: a .jsonl file or a datasets folder.")],
+    root: Root = "runs/default",
+    format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools) or datasets.")] = "jsonl",
+    where: Annotated[Optional[str], typer.Option(help="SQL WHERE clause over the trajectories view.")] = None,
+    verdict: Annotated[Optional[list[str]], typer.Option(help="Keep these verdicts (repeatable).")] = None,
+    suite: Annotated[Optional[list[str]], typer.Option(help="Keep these suites (repeatable).")] = None,
+    split: Annotated[Optional[list[str]], typer.Option(help="Keep these splits (repeatable).")] = None,
+    source: Annotated[Optional[list[str]], typer.Option(help="Keep these sources (repeatable).")] = None,
+    run_id: Annotated[Optional[list[str]], typer.Option("--run-id", help="Keep these runs (repeatable).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
+) -> None:
+    """Export trajectories to JSONL in TRL's messages-plus-tools format or to a datasets folder."""
+    from warehouse.export import export_command
+
+    res = export_command(_lake_root(root), out, format, where, verdict=verdict, suite=suite, split=split,
+                         source=source, run_id=run_id, overwrite=overwrite)
+    print(f"wrote {res.n_rows} rows to {res.path} ({res.fmt})")
+
+
+@app.command()
+def stats(
+    root: Root = "runs/default",
+    by: Annotated[Optional[list[str]], typer.Option(help="Group by: suite, source, policy, round (repeatable).")] = None,
+    where: Annotated[Optional[str], typer.Option(help="SQL WHERE clause over the trajectories view.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="table or json.")] = "table",
+) -> None:
+    """Pass rate, verdicts, hack codes and tokens by suite, source, policy and round."""
+    from warehouse.stats import stats_command
+
+    stats_command(_lake_root(root), by=by, where=where, fmt=format)
+
+
+@app.command()
+def verify(
+    trajectories: Annotated[Path, typer.Option(help="JSONL file of trajectories (the record's messages format).")],
+    tasks: Annotated[Optional[str], typer.Option(help="Task file (JSONL/Parquet) the trajectories refer to.")] = None,
+    backend: Annotated[str, typer.Option(help="Sandbox backend for code tasks: docker or local.")] = "docker",
+) -> None:
+    """Re-judge trajectories: one JSON line each with trajectory_id, verdict, reward and hack_flags."""
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+    from tasks.cli import verify_trajectories
+
+    if not trajectories.is_file():
+        raise UsageError(f"trajectory file {trajectories} does not exist; pass a JSONL file to --trajectories")
+    be = open_backend(SandboxConfig(backend=backend))
+    try:
+        verify_trajectories(str(trajectories), tasks_path=tasks, backend=be)
+    finally:
+        be.shutdown()
+
+
+@tasks_app.command("list")
+def tasks_list() -> None:
+    """The built-in suites with their difficulty levels and tools."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tasks.cli import tasks_list as _list
+
+    infos = _list()
+    t = Table(title="built-in suites")
+    fields = list(type(infos[0]).model_fields) if infos else []
+    for f in fields:
+        t.add_column(f)
+    for i in infos:
+        t.add_row(*(str(getattr(i, f)) for f in fields))
+    Console().print(t)
+
+
+@tasks_app.command("show")
+def tasks_show(
+    source: Annotated[str, typer.Argument(help="Suite name or task file.")],
+    n: Annotated[int, typer.Option(help="How many tasks.")] = 3,
+    split: Annotated[str, typer.Option(help="train or heldout.")] = "train",
+    seed: Annotated[int, typer.Option(help="Seed of built-in suites.")] = 0,
+    difficulty: Annotated[int, typer.Option(help="Difficulty of built-in suites.")] = 1,
+) -> None:
+    """Print the first N tasks of a suite or task file as JSON lines."""
+    from tasks.cli import tasks_show as _show
+
+    for t in _show(source, n=n, split=split, seed=seed, difficulty=difficulty):
+        print(t.model_dump_json())
+
+
+@tasks_app.command("validate")
+def tasks_validate(path: Annotated[str, typer.Argument(help="Task file: JSONL, Parquet, GSM8K/MBPP/HumanEval.")],
+                   format: Annotated[str, typer.Option(help="auto, spec, gsm8k, mbpp or humaneval.")] = "auto") -> None:
+    """Check a task file; every problem is printed with file, line and field. Exit 2 when any."""
+    from tasks.cli import tasks_validate as _validate
+
+    report = _validate(path, format=format)
+    if not report.ok:
+        for p in report.problems:
+            print(p, file=sys.stderr)
+        raise typer.Exit(2)
+    print(f"ok: {path}")
+
+
+@tasks_app.command("export")
+def tasks_export(
+    source: Annotated[str, typer.Argument(help="Built-in suite name.")],
+    out: Annotated[str, typer.Argument(help="Output .jsonl or .parquet task file.")],
+    n: Annotated[int, typer.Option(help="How many tasks.")] = 50,
+    split: Annotated[str, typer.Option(help="train or heldout.")] = "train",
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    difficulty: Annotated[int, typer.Option(help="Difficulty.")] = 1,
+) -> None:
+    """Write built-in tasks to a task file (e.g. for `flywheel verify --tasks`)."""
+    from tasks.cli import tasks_export as _export
+
+    print(_export(source, out, n=n, split=split, seed=seed, difficulty=difficulty))
+
+
+@demos_app.command("import")
+def demos_import(
+    paths: Annotated[list[str], typer.Argument(help="JSONL, Parquet or datasets folders of chat demos.")],
+    root: Root = "runs/default",
+    run_id: Annotated[str, typer.Option("--run-id", help="Run the demos belong to.")] = "demos",
+    suite: Annotated[str, typer.Option(help="Suite recorded on the rows.")] = "human",
+    tools: Annotated[Optional[list[str]], typer.Option(help="Tools declared when a record has none.")] = None,
+    strict: Annotated[bool, typer.Option(help="Refuse the whole import if any record is malformed.")] = False,
+) -> None:
+    """Validate and import human demonstrations as rows with source human (idempotent)."""
+    from warehouse.demos import import_demos
+
+    res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=strict)
+    for e in res.errors:
+        print(f"skipped: {e}", file=sys.stderr)
+    print(f"imported {res.written}, already present {res.skipped}, malformed {len(res.errors)}")
+
+
+@sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sandbox_exec(
+    ctx: typer.Context,
+    backend: Annotated[str, typer.Option(help="docker or local.")] = "docker",
+    timeout: Annotated[float, typer.Option(help="Wall-clock limit in seconds.")] = 10.0,
+    memory: Annotated[int, typer.Option(help="Memory limit in MB (swap included).")] = 512,
+    image: Annotated[Optional[str], typer.Option(help="Sandbox image tag.")] = None,
+) -> None:
+    """Run CMD in a fresh sandbox and print one JSON result: flywheel sandbox exec -- CMD [ARG...]."""
+    from sandbox.backend import exec_once
+    from sandbox.result import SandboxConfig
+
+    argv = list(ctx.args)
+    if not argv:
+        raise UsageError("no command given; usage: flywheel sandbox exec [OPTIONS] -- CMD [ARG...]")
+    kw = {"backend": backend, "timeout_s": timeout, "memory_mb": memory}
+    if image:
+        kw["image"] = image
+    try:
+        cfg = SandboxConfig(**kw)
+    except Exception as e:  # pydantic ValidationError -> one line
+        raise UsageError(f"bad sandbox option: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+    result = exec_once(cfg, argv, stdin=stdin or None)
+    print(result.model_dump_json())
+
+
+@sandbox_app.command("build-image")
+def sandbox_build_image(
+    tag: Annotated[Optional[str], typer.Option(help="Image tag.")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """Build the sandbox image from Debian packages (no registry needed); reuse it when present."""
+    from sandbox.image import build_image
+    from sandbox.result import SandboxConfig
+
+    image_id = build_image(tag or SandboxConfig().image, force=force)
+    print(image_id)
+
+
+def main() -> None:
+    # This machine (and many clusters) has no route to Prefect's telemetry endpoint: do not try.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    known = _known_errors()
+    try:
+        app(standalone_mode=False)
+    except known as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

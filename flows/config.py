@@ -1,0 +1,219 @@
+"""The one typed config of a flywheel run: loaded from TOML, overridden from the CLI, saved beside every output.
+
+Each stage owns its section's model (sandbox/, agents/, warehouse/, training/); this module composes them,
+reads TOML, applies `section.key=value` overrides and reports bad keys or values as one `ConfigError` line that
+names the key, the file and the fix. It does not import prefect and runs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agents.config import PolicyConfig
+from sandbox.result import SandboxConfig
+from training.config import GRPOConfig, SFTConfig, TinyModelConfig
+from warehouse.curate_config import CurateConfig, CurriculumConfig
+
+
+class ConfigError(ValueError):
+    """The config file or an override is wrong; the message names the key and how to fix it."""
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: str | None = Field(default=None, description="Run id; a new one is made when empty. Reuse it to resume.")
+    out: str = Field(default="runs/default", description="Lake root: a folder or an fsspec URL (file://, s3://).")
+    seed: int = Field(default=0, description="Seed for task generation, sampling and training.")
+    ray_address: str | None = Field(default=None, description="Run Prefect tasks on this Ray cluster "
+                                    "(e.g. ray://host:10001 or 'auto'); threads when empty.")
+    max_workers: int = Field(default=2, ge=1, description="Threads of Prefect's task runner on one machine.")
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_chars(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", v):
+            raise ValueError("run ids use letters, digits, '.', '_' and '-' only (e.g. run-1)")
+        return v
+
+
+class GenerateConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    suite: str = Field(default="arithmetic", description="Built-in suite name, or a task file (.jsonl/.parquet).")
+    split: str = Field(default="train", description="train or heldout.")
+    n_tasks: int = Field(default=50, gt=0, description="How many tasks to draw from the suite.")
+    samples: int = Field(default=2, gt=0, description="Episodes per task.")
+    difficulty: int = Field(default=1, ge=1, le=3, description="Difficulty level of built-in suites.")
+    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode before it is cut off.")
+    concurrency: int = Field(default=4, gt=0, description="Episodes in flight at once.")
+    batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
+    infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error.")
+    round: int = Field(default=0, ge=0, description="Round number recorded on the rows.")
+    chunks: int = Field(default=1, ge=1, description="Split the tasks into this many Prefect tasks (parallel on "
+                        "the task runner: threads, or Ray workers with run.ray_address).")
+
+
+class SuiteStep(BaseModel):
+    """One suite of the flywheel's schedule: from which round it is trained, how many tasks of each split."""
+
+    model_config = ConfigDict(extra="forbid")
+    suite: str = Field(description="Built-in suite name or task file.")
+    difficulty: int = Field(default=1, ge=1, le=3, description="Difficulty level (built-in suites).")
+    from_round: int = Field(default=1, ge=1, description="First round whose teacher, SFT and GRPO use it; every "
+                                                         "round scores the student on all suites' held-out split.")
+    train_tasks: int = Field(default=150, gt=0, description="Train tasks drawn from it.")
+    heldout_tasks: int = Field(default=40, gt=0, description="Held-out tasks drawn from it.")
+
+
+class FlywheelSection(BaseModel):
+    """The rounds of `flywheel run`."""
+
+    model_config = ConfigDict(extra="forbid")
+    rounds: int = Field(default=2, ge=1, description="Rounds of teacher -> curate -> SFT -> GRPO -> student.")
+    suites: list[SuiteStep] = Field(
+        default_factory=lambda: [SuiteStep(suite="arithmetic", difficulty=1, from_round=1),
+                                 SuiteStep(suite="arithmetic", difficulty=2, from_round=2)],
+        description="The schedule: each suite with the round it joins training.")
+    teacher_samples: int = Field(default=1, ge=1, description="Teacher episodes per chosen train task.")
+    student_train_samples: int = Field(default=1, ge=0, description="Student episodes per train task after each "
+                                                                    "round (its successes feed the next); 0: none.")
+    pass_k: int = Field(default=4, ge=1, description="k of the held-out pass@k (k sampled episodes per task); "
+                                                     "1 skips the sampled evaluation.")
+    sample_temperature: float = Field(default=0.8, gt=0, description="Temperature of sampled student episodes.")
+    grpo: bool = Field(default=True, description="Run GRPO after SFT in each round.")
+    grpo_max_tasks: int = Field(default=64, gt=0, description="At most this many GRPO tasks per round.")
+
+
+class StudentConfig(BaseModel):
+    """The student: the base model and how it generates in evaluations and rollouts."""
+
+    model_config = ConfigDict(extra="forbid")
+    base: str = Field(default="tiny", description="'tiny' (built from the task corpus) or a model folder / hub id.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Size of the tiny base student.")
+    max_new_tokens: int = Field(default=64, gt=0, description="Tokens per assistant turn.")
+    batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
+    threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
+                                                       "models on a shared CPU).")
+
+
+def _sections() -> dict[str, type[BaseModel]]:
+    """Section name -> model, from the fields of FlywheelConfig."""
+    return {name: f.annotation for name, f in FlywheelConfig.model_fields.items()}  # type: ignore[misc]
+
+
+class FlywheelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run: RunConfig = Field(default_factory=RunConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    teacher: PolicyConfig = Field(default_factory=PolicyConfig, description="The teacher policy.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    student: StudentConfig = Field(default_factory=StudentConfig)
+    flywheel: FlywheelSection = Field(default_factory=FlywheelSection)
+    curate: CurateConfig = Field(default_factory=CurateConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+
+    def digest(self) -> str:
+        """A short hash of the config (run_id excluded), recorded beside outputs."""
+        d = self.model_dump(mode="json")
+        d["run"].pop("run_id", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):
+        return [_drop_none(v) for v in d]
+    return d
+
+
+def _parse_value(raw: str) -> Any:
+    """An override value: TOML syntax if it parses (numbers, booleans, quoted strings, lists), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one `section.key=value` override to raw config data."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form section.key=value (e.g. generate.n_tasks=10)")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) < 2:
+        raise ConfigError(f"override key {key!r} needs a section, e.g. generate.{key.strip()}={raw}")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override key {key!r}: {p!r} is not a section")
+    node[parts[-1]] = _parse_value(raw.strip())
+
+
+def _check_keys(data: dict[str, Any], origin: str) -> None:
+    sections = _sections()
+    for name, body in data.items():
+        if name not in sections:
+            raise ConfigError(f"unknown config section [{name}] in {origin}; known sections: {', '.join(sections)}")
+        if not isinstance(body, dict):
+            raise ConfigError(f"[{name}] in {origin} must be a table of keys")
+        fields = sections[name].model_fields
+        for k in body:
+            if k not in fields:
+                raise ConfigError(
+                    f"unknown config key '{name}.{k}' in {origin}; known keys in [{name}]: {', '.join(fields)}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> FlywheelConfig:
+    """Read TOML (optional), apply overrides, validate. Raises ConfigError naming the problem and the fix."""
+    data: dict[str, Any] = {}
+    origin = "the defaults"
+    if path is not None:
+        p = Path(path)
+        origin = str(p)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist; pass an existing TOML file to --config")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    for o in overrides or []:
+        apply_override(data, o)
+    if overrides:
+        origin = f"{origin} (with overrides)" if path else "the overrides"
+    _check_keys(data, origin)
+    try:
+        return FlywheelConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(f"config value '{loc}' in {origin} is invalid: {err['msg']} "
+                          f"(got {err.get('input')!r})") from None
+
+
+def save_config(cfg: FlywheelConfig, root: str, run_id: str, name: str = "config.toml") -> str:
+    """Write the config as TOML beside the outputs it made: ROOT/runs/RUN_ID/NAME (atomic on local roots)."""
+    import fsspec
+
+    fs, base = fsspec.core.url_to_fs(str(root))
+    folder = f"{base.rstrip('/')}/runs/{run_id}"
+    fs.makedirs(folder, exist_ok=True)
+    path, tmp = f"{folder}/{name}", f"{folder}/.{name}.{os.getpid()}.tmp"
+    with fs.open(tmp, "w") as f:
+        f.write(cfg.to_toml())
+    fs.mv(tmp, path)
+    return path

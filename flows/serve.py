@@ -1,0 +1,338 @@
+"""`flywheel serve`: register the flywheel's flows as Prefect deployments and execute their runs.
+
+One long-running process (`prefect.serve`) registers a deployment per flow (generate, curate, train, evaluate,
+flywheel), with the cron or interval schedule of the `[serve]` config section, and runs every flow run that the
+schedules, the UI's Run button or the API create for them. Each run's parameters are the flow's pydantic config
+model, so the UI shows a typed form whose defaults are the config `serve` was started with. Adding a flow is one
+line in `SERVED`. The flow itself chooses its task runner (threads or Ray) from its parameters at run time
+(flows/runners.py), so a run triggered from the UI can ask for Ray.
+
+This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a
+work-pool deployment see docs/operating.md). Importing it does not import prefect (the config loader imports
+`ServeConfig`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import zoneinfo
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from flows.config import FlywheelConfig
+
+
+class ServeError(RuntimeError):
+    """`flywheel serve` cannot start as configured; the message names the problem and the fix."""
+
+
+# --- config ------------------------------------------------------------------------------------------------------
+
+class ScheduleConfig(BaseModel):
+    """When a deployment runs by itself. Empty (no cron, no interval): only when triggered (UI, API, CLI)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cron: str | None = Field(default=None, description="Cron expression, 5 fields, in `timezone` "
+                             "(e.g. '0 3 * * *' = every day at 03:00). Exclusive with interval_s.")
+    interval_s: float | None = Field(default=None, gt=0, description="Run every this many seconds (e.g. 21600 = "
+                                     "every 6 h). Exclusive with cron.")
+    timezone: str = Field(default="UTC", description="IANA time zone of the cron expression (e.g. Europe/Paris).")
+    active: bool = Field(default=True, description="False registers the schedule paused (resume it in the UI).")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from prefect._internal.schemas.validators import validate_cron_string
+
+        try:
+            return validate_cron_string(v.strip())
+        except ValueError:
+            raise ValueError(f"{v!r} is not a 5-field cron expression; e.g. '0 3 * * *' (03:00 daily) or "
+                             "'*/30 * * * *' (every 30 min)") from None
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(v)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{v!r} is not an IANA time zone; e.g. UTC or Europe/Paris") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> ScheduleConfig:
+        if self.cron and self.interval_s:
+            raise ValueError("set either cron or interval_s, not both")
+        return self
+
+    @property
+    def is_set(self) -> bool:
+        return bool(self.cron or self.interval_s)
+
+
+class ServeConfig(BaseModel):
+    """The `[serve]` config section: which flows `flywheel serve` deploys, their schedules, and its capacity."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default="flywheel", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                      description="Deployment name; deployments appear as '<flow>/<name>' (e.g. generate/flywheel).")
+    flows: list[str] = Field(default_factory=lambda: [s.name for s in SERVED],
+                             description="Flows to deploy: any of generate, curate, train, evaluate, flywheel.")
+    limit: int = Field(default=1, ge=1, description="Flow runs this serve process executes at once; more wait in "
+                       "Scheduled state (start more serve processes, or use a work pool, to run more).")
+    concurrency_per_flow: int | None = Field(default=None, ge=1, description="Runs of one deployment at once, "
+                                             "across all serve processes; empty = no per-deployment limit.")
+    tags: list[str] = Field(default_factory=lambda: ["flywheel"], description="Tags on every deployment.")
+    generate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the generate flow.")
+    curate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the curate flow.")
+    train: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train flow.")
+    evaluate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the evaluate flow.")
+    flywheel: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the flywheel flow "
+                                     "(one full round).")
+
+    @field_validator("flows")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        known = [s.name for s in SERVED]
+        bad = [f for f in v if f not in known]
+        if bad:
+            raise ValueError(f"unknown flow(s) {', '.join(bad)}; choose from {', '.join(known)}")
+        if not v:
+            raise ValueError(f"no flow to serve; list some of {', '.join(known)}")
+        return list(dict.fromkeys(v))
+
+    def schedule(self, flow: str) -> ScheduleConfig:
+        return getattr(self, flow)
+
+
+# --- what is served ----------------------------------------------------------------------------------------------
+
+def cfg_parameters(cfg: FlywheelConfig) -> dict[str, Any]:
+    """Default parameters of a flow whose one parameter is `cfg: FlywheelConfig`: the served config, as JSON.
+
+    The `[serve]` section itself is left out (it is about the serve process, not about a run)."""
+    data = cfg.model_dump(mode="json")
+    data.pop("serve", None)
+    return {"cfg": data}
+
+
+@dataclass(frozen=True)
+class Served:
+    """One deployable flow: its name (also the [serve] schedule key), `module:attribute`, and its defaults."""
+
+    name: str
+    target: str
+    description: str
+    parameters: Callable[[FlywheelConfig], dict[str, Any]] = cfg_parameters
+
+
+SERVED: list[Served] = [
+    Served("generate", "flows.generate:generate_flow", "Teacher rollouts in sandboxes -> verified trajectories."),
+    Served("curate", "flows.curate:curate_flow", "Trajectories + demos -> a training snapshot."),
+    Served("train", "flows.train:train_flow", "SFT then GRPO of the student on a snapshot."),
+    Served("evaluate", "flows.evaluate:evaluate_flow", "Score base/student/teacher on the held-out split."),
+    Served("flywheel", "flows.flywheel:flywheel_flow", "Rounds of generate -> curate -> train -> evaluate."),
+]
+
+
+def load_flow(entry: Served) -> Any:
+    """Import the flow object of an entry; ServeError naming the module when it is not there."""
+    from prefect import Flow
+
+    module, attr = entry.target.split(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:  # the module exists but one of ITS imports is missing: a real bug, show it
+            raise
+        raise ServeError(f"flow {entry.name!r} is not available: module {module} does not exist; serve only the "
+                         f"flows you have (serve.flows / --flow), or pass skip_missing") from None
+    obj = getattr(mod, attr, None)
+    if not isinstance(obj, Flow):
+        raise ServeError(f"flow {entry.name!r}: {entry.target} is not a Prefect flow ({type(obj).__name__}); "
+                         "fix SERVED in flows/serve.py")
+    return obj
+
+
+def parameter_form_problems(schema: dict[str, Any]) -> list[str]:
+    """What keeps a deployment's parameter schema from being a complete UI form: a parameter that is not a
+    pydantic model, a parameter or field without a default, a field without a description or without a type."""
+    problems: list[str] = []
+    defs = schema.get("definitions", {})
+    for pname, p in schema.get("properties", {}).items():
+        if "$ref" not in p:
+            problems.append(f"parameter {pname!r} is not a pydantic model")
+    for mname, model in defs.items():
+        for fname, f in model.get("properties", {}).items():
+            where = f"{mname}.{fname}"
+            if not f.get("description"):
+                problems.append(f"{where} has no description")
+            if "default" not in f and fname in model.get("required", []):
+                problems.append(f"{where} has no default")
+            if not any(k in f for k in ("type", "$ref", "anyOf", "allOf", "oneOf", "enum", "const")):
+                problems.append(f"{where} has no type (the UI shows a raw JSON box)")
+    return problems
+
+
+def _schedules(s: ScheduleConfig) -> list[Any]:
+    from prefect.schedules import Cron, Interval
+
+    if s.cron:
+        return [Cron(s.cron, timezone=s.timezone, active=s.active)]
+    if s.interval_s:
+        return [Interval(timedelta(seconds=s.interval_s), timezone=s.timezone, active=s.active)]
+    return []
+
+
+def build_deployments(cfg: FlywheelConfig, serve_cfg: ServeConfig, flows: list[str] | None = None, *,
+                      skip_missing: bool = False) -> list[Any]:
+    """RunnerDeployments for the chosen flows (default: serve_cfg.flows); talks to no server.
+
+    A flow that cannot be imported is a ServeError unless `skip_missing` (then it is logged and left out)."""
+    from prefect.logging import get_logger
+    from prefect.types.entrypoint import EntrypointType
+
+    logger = get_logger("flywheel.serve")
+    wanted = flows or serve_cfg.flows
+    by_name = {s.name: s for s in SERVED}
+    unknown = [f for f in wanted if f not in by_name]
+    if unknown:
+        raise ServeError(f"unknown flow(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
+    deployments = []
+    for name in dict.fromkeys(wanted):
+        entry = by_name[name]
+        try:
+            flow = load_flow(entry)
+        except ServeError as e:
+            if not skip_missing:
+                raise
+            logger.warning("skipping %s: %s", name, e)
+            continue
+        sched = serve_cfg.schedule(name)
+        dep = flow.to_deployment(
+            name=serve_cfg.name,
+            schedules=_schedules(sched) or None,
+            parameters=entry.parameters(cfg),
+            description=f"{entry.description}\n\n{(flow.description or '').strip()}".strip(),
+            tags=list(serve_cfg.tags),
+            concurrency_limit=serve_cfg.concurrency_per_flow,
+            enforce_parameter_schema=True,
+            entrypoint_type=EntrypointType.MODULE_PATH,
+        )
+        for problem in parameter_form_problems(dep._parameter_openapi_schema.model_dump_for_openapi()):
+            logger.warning("deployment %s/%s: %s", name, serve_cfg.name, problem)
+        deployments.append(dep)
+    if not deployments:
+        raise ServeError(f"no flow to serve: none of {', '.join(wanted)} could be loaded")
+    return deployments
+
+
+def require_server() -> str:
+    """The Prefect API URL this process talks to; ServeError when none is set (serving against the temporary
+    server Prefect starts by itself would lose every deployment and schedule when the process ends)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise ServeError("flywheel serve needs a Prefect server: run `prefect server start` (UI and API on "
+                         "http://127.0.0.1:4200) and export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    return str(url)
+
+
+def serve(cfg: FlywheelConfig, *, flows: list[str] | None = None, serve_cfg: ServeConfig | None = None,
+          skip_missing: bool = False, limits: Any | None = None) -> None:
+    """Register the deployments and execute their runs until interrupted (Ctrl-C / SIGTERM pause the schedules).
+
+    cfg: the config whose values become every deployment's default parameters (the UI form's defaults).
+    flows: names to serve (default: serve_cfg.flows). serve_cfg: the [serve] section (default: cfg.serve).
+    skip_missing: leave out flows whose module does not exist instead of failing.
+    limits: a flows.concurrency.LimitsConfig to set on the server at start (default: cfg.limits when the config
+    has that section, else the LimitsConfig defaults).
+    """
+    from prefect import serve as prefect_serve
+
+    from flows.concurrency import LimitsConfig, default_limits, ensure_limits
+
+    serve_cfg = serve_cfg or getattr(cfg, "serve", None) or ServeConfig()
+    limits = limits or getattr(cfg, "limits", None) or LimitsConfig()
+    url = require_server()
+    deployments = build_deployments(cfg, serve_cfg, flows, skip_missing=skip_missing)
+    if limits.enabled:
+        in_force = ensure_limits(default_limits(limits), update=True)
+        print(f"concurrency limits: {', '.join(f'{k}={v}' for k, v in in_force.items())}", flush=True)
+    print(f"serving {', '.join(f'{d.flow_name}/{d.name}' for d in deployments)} on {url} "
+          f"(pid {os.getpid()}, {serve_cfg.limit} run(s) at once)", flush=True)
+    prefect_serve(*deployments, limit=serve_cfg.limit, pause_on_shutdown=True, print_starting_message=False)
+
+
+def deploy(cfg: FlywheelConfig, *, work_pool: str, flows: list[str] | None = None,
+           serve_cfg: ServeConfig | None = None, skip_missing: bool = False) -> list[str]:
+    """Register the deployments on a work pool instead of serving them: runs are then executed by the pool's
+    workers (`prefect worker start --pool NAME`, one per machine, each with this project installed), not by this
+    process. Same schedules, parameters and forms as `serve`. Returns the deployment ids.
+
+    The pool must exist (`prefect work-pool create NAME --type process`); the entrypoints are module paths, so a
+    worker only needs the `flywheel` package importable, not this checkout.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    serve_cfg = serve_cfg or getattr(cfg, "serve", None) or ServeConfig()
+    url = require_server()
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.read_work_pool(work_pool)
+        except ObjectNotFound:
+            raise ServeError(f"work pool {work_pool!r} does not exist on {url}; create it with "
+                             f"`prefect work-pool create {work_pool} --type process`") from None
+    ids = []
+    for dep in build_deployments(cfg, serve_cfg, flows, skip_missing=skip_missing):
+        ids.append(str(dep.apply(work_pool_name=work_pool)))
+        print(f"registered {dep.flow_name}/{dep.name} on work pool {work_pool} ({pool.type})", flush=True)
+    return ids
+
+
+def serve_command(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")] = None,
+    flow: Annotated[list[str] | None, typer.Option(
+        "--flow", help="Flow to serve (repeat for several); default: serve.flows of the config.")] = None,
+    skip_missing: Annotated[bool, typer.Option(
+        "--skip-missing", help="Leave out flows whose module does not exist instead of failing.")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: section.key=value.")]
+    = None,
+) -> None:
+    """Register the flows as Prefect deployments (schedules from the serve section) and run what the UI, the API
+    and the schedules trigger; needs PREFECT_API_URL (a `prefect server start`). Ctrl-C stops, pausing schedules."""
+    from flows.config import load_config
+
+    cfg = load_config(config, list(set_ or []))
+    serve(cfg, flows=list(flow) if flow else None, skip_missing=skip_missing)
+
+
+def deploy_command(
+    work_pool: Annotated[str, typer.Option("--work-pool", "-p", help="Prefect work pool (type process) to "
+                                           "register the deployments on.")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")] = None,
+    flow: Annotated[list[str] | None, typer.Option(
+        "--flow", help="Flow to deploy (repeat for several); default: serve.flows of the config.")] = None,
+    skip_missing: Annotated[bool, typer.Option(
+        "--skip-missing", help="Leave out flows whose module does not exist instead of failing.")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: section.key=value.")]
+    = None,
+) -> None:
+    """Register the flows as deployments on a work pool (schedules from the serve section) and exit; the pool's
+    workers (`prefect worker start --pool NAME`) run them. Needs PREFECT_API_URL."""
+    from flows.config import load_config
+
+    cfg = load_config(config, list(set_ or []))
+    deploy(cfg, work_pool=work_pool, flows=list(flow) if flow else None, skip_missing=skip_missing)

@@ -1,0 +1,958 @@
+"""Docker sandbox backend: a fresh locked-down container per episode from a warm pool, a persistent interpreter.
+
+`DockerBackend(config)` keeps `pool_size` started containers ahead; `acquire()` hands one out (never reused across
+episodes) and a background thread refills the pool. Each container has no network, memory limited including swap,
+a pids limit, a CPU quota, a read-only root filesystem with size-limited tmpfs at /tmp, /workspace and /dev/shm,
+every capability dropped, no-new-privileges, user nobody (65534), our labels, and an environment made only of the
+image's defaults (no host variables, no proxy settings, no Docker socket).
+
+PID 1 of each container is a tiny init that ignores signals, is not dumpable (no ptrace from the sandbox user),
+reaps orphans (so killed fork bombs and double-forked daemons leave no zombies) and exits when its stdin closes.
+The backend holds that stdin open through an attach socket: when the owning process dies, even by SIGKILL, the
+socket closes, PID 1 exits and Docker removes the container (auto-remove). sandbox/reaper.py removes strays left
+otherwise (e.g. created but never started). Every exec'd process raises its own oom_score_adj first, so the OOM
+killer takes the sandbox's commands, then its interpreter, never PID 1.
+
+`DockerSandbox.exec` runs argv under `timeout -s KILL` (exec has no timeout of its own) with our own wall-clock
+backstop; output is read from the raw exec socket, capped per stream (the truncated flag), and a flood far beyond
+the cap kills the call. `run_python` talks to the episode's persistent interpreter (sandbox/interpreter.py, run
+with `docker exec -i`; the pool starts and warms it ahead, otherwise it starts on the first call), which keeps
+state across calls like a notebook kernel; one that hangs past timeout + grace, or dies, is killed and replaced on
+the next call, and the result's stderr says so. After a call that hit the pids limit, flooded or hung, leftover
+processes are killed (or, when nothing can start any more, the container is swapped for a fresh one, said in
+stderr). OOM kills and pids-limit hits are read from the container's cgroup counters (falling back to
+State.OOMKilled). Engine failures become verdict infra_error with the engine's message, never the program's
+failure; container creation is retried with backoff, then acquire() raises SandboxError.
+This module does not build images (sandbox/image.py) nor choose a backend (sandbox/backend.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import queue
+import select
+import socket
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox.interpreter import exec_fields, interpreter_argv
+from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+SANDBOX_USER = "65534:65534"
+WORKDIR = "/workspace"
+LABEL = "flywheel.sandbox"
+OWNER_LABEL = "flywheel.owner"
+GRACE_S = 2.0  # how long past its timeout a call may take before our own backstop kills it
+CREATE_TRIES = 3
+FILL_THREADS = 3  # containers the pool creates at once
+STARTUP_TIMEOUT_S = 30.0
+MIN_FLOOD_BYTES = 32 * 1024 * 1024  # output beyond max(this, 8 x the cap) kills the call (resource_limit)
+
+# PID 1: ignore every catchable signal (the kernel drops SIGKILL/SIGSTOP sent to init from inside), reap orphans,
+# and exit as soon as stdin reaches EOF (the owning process is gone).
+PID1_SOURCE = r"""
+import os, signal, sys, threading, time
+try:  # not dumpable: processes of the same uid cannot ptrace it or read its /proc files
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+except Exception: pass
+for s in range(1, signal.NSIG):
+    if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+        try: signal.signal(s, signal.SIG_IGN)
+        except (OSError, ValueError): pass
+def watch():
+    try:
+        while os.read(0, 65536): pass
+    except OSError: pass
+    os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+while True:
+    try: os.wait()
+    except ChildProcessError: time.sleep(0.2)
+    except OSError: time.sleep(0.2)
+"""
+
+# Kill sandbox processes left behind by a call (forks, daemons): every process but PID 1, itself, its parent (the
+# `timeout` wrapper) and, when given,
+# the interpreter whose pid (inside the container) is argv[1] ("0" kills the interpreter too).
+CLEANUP_SOURCE = r"""
+import os, sys, signal
+keep = int(sys.argv[1])
+spare = {1, os.getpid(), os.getppid(), keep}
+for _ in range(3):
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) not in spare:
+            try: os.kill(int(d), signal.SIGKILL)
+            except OSError: pass
+"""
+
+# Write files into the workspace from a JSON object {relative path: text} on stdin; never follows a symlink.
+WRITE_SOURCE = r"""
+import json, os, sys
+files = json.loads(sys.stdin.buffer.read(int(sys.argv[1])))
+root = os.path.realpath(os.getcwd())
+for rel, text in files.items():
+    path = os.path.normpath(os.path.join(root, rel))
+    if not path.startswith(root + os.sep):
+        print(f"refusing path outside the workspace: {rel!r}", file=sys.stderr); sys.exit(2)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try: os.unlink(path)
+    except FileNotFoundError: pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
+"""
+
+
+def _owner_tag() -> str:
+    """hostname:pid:start-time of this process (start time guards against pid reuse)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}"
+
+
+def _proc_start(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return stat.rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "?"
+
+
+def docker_client(timeout: int = 60):
+    """A docker-py client for the engine in the environment (DOCKER_HOST or the CLI context); raises
+    SandboxUnavailable naming the fix when no engine answers."""
+    try:
+        import docker
+    except ImportError as e:  # pragma: no cover
+        raise SandboxUnavailable("the `docker` Python package is missing; fix: pip install docker") from e
+    try:
+        # many episodes share one client from threads: a pool large enough that connections are reused
+        client = docker.from_env(timeout=timeout, max_pool_size=64)
+        client.ping()
+    except Exception as e:
+        where = os.environ.get("DOCKER_HOST") or "the default socket"
+        raise SandboxUnavailable(
+            f"no Docker engine answers at {where} ({type(e).__name__}: {str(e)[:200]}); fix: start dockerd "
+            "(`dockerd &` or `systemctl start docker`), or use --backend local"
+        ) from e
+    return client
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cgroup counters: OOM kills and pids-limit hits of one container
+
+
+@dataclass
+class _Counters:
+    oom_kill: int = 0
+    pids_max: int = 0
+
+
+class _Cgroup:
+    """Reads the container's cgroup event counters from /sys/fs/cgroup when the engine is local (v1 or v2)."""
+
+    def __init__(self, cid: str):
+        base = Path("/sys/fs/cgroup")
+        candidates = [
+            (base / "memory/docker" / cid / "memory.oom_control", base / "pids/docker" / cid / "pids.events"),
+            (base / f"system.slice/docker-{cid}.scope/memory.events", base / f"system.slice/docker-{cid}.scope/pids.events"),
+            (base / "docker" / cid / "memory.events", base / "docker" / cid / "pids.events"),
+        ]
+        self.mem: Path | None = None
+        self.pids: Path | None = None
+        for mem, pids in candidates:
+            if mem.exists():
+                self.mem, self.pids = mem, (pids if pids.exists() else None)
+                break
+
+    @property
+    def available(self) -> bool:
+        return self.mem is not None
+
+    @staticmethod
+    def _field(path: Path | None, name: str) -> int:
+        if path is None:
+            return 0
+        try:
+            for line in path.read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == name:
+                    return int(v)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def read(self) -> _Counters:
+        return _Counters(self._field(self.mem, "oom_kill"), self._field(self.pids, "max"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# raw exec streams
+
+
+def _wait(sock: socket.socket, event: int, timeout_s: float) -> bool:
+    """poll() one socket (select() breaks on descriptors past 1024, which a busy process reaches)."""
+    p = select.poll()
+    p.register(sock, event | select.POLLHUP | select.POLLERR)
+    return bool(p.poll(max(0, int(timeout_s * 1000) + 1)))
+
+
+class _Stream:
+    """Demultiplexes Docker's framed stdout/stderr stream from a hijacked socket, with deadlines."""
+
+    def __init__(self, sock_io: Any):
+        self.io = sock_io  # keep the SocketIO (and its response) alive
+        self.sock: socket.socket = getattr(sock_io, "_sock", sock_io)
+        self.buf = b""
+        self.eof = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("stdin not consumed before the deadline")
+            if _wait(self.sock, select.POLLOUT, left):
+                n = self.sock.send(view[:65536])
+                view = view[n:]
+
+    def close_stdin(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def read_frames(self, deadline: float) -> list[tuple[int, bytes]] | None:
+        """Frames available now (waiting until the deadline for at least one byte); [] at EOF; None on timeout."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        if not _wait(self.sock, select.POLLIN, left):
+            return None
+        try:
+            data = self.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            data = None
+        except OSError:
+            data = b""
+        if data == b"":
+            self.eof = True
+        elif data:
+            self.buf += data
+        frames = []
+        while len(self.buf) >= 8:
+            kind, size = struct.unpack(">BxxxL", self.buf[:8])
+            if len(self.buf) < 8 + size:
+                break
+            frames.append((kind, self.buf[8 : 8 + size]))
+            self.buf = self.buf[8 + size :]
+        return frames
+
+    def close(self) -> None:
+        for obj in (self.sock, self.io):
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001, S110 - closing a dead socket is best effort
+                pass
+
+
+class _Capture:
+    """stdout/stderr accumulation with a per-stream cap and a flood limit."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.flood = max(MIN_FLOOD_BYTES, 8 * limit)
+        self.out = bytearray()
+        self.err = bytearray()
+        self.total = 0
+        self.truncated = False
+
+    def add(self, kind: int, data: bytes) -> None:
+        self.total += len(data)
+        target = self.err if kind == 2 else self.out
+        room = self.limit - len(target)
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        target += data
+
+    @property
+    def flooded(self) -> bool:
+        return self.total > self.flood
+
+
+def _text(b: bytes | bytearray) -> str:
+    return bytes(b).decode("utf-8", errors="replace")
+
+
+def _is_infra(e: BaseException) -> bool:
+    import docker.errors
+    import requests
+
+    return isinstance(e, (SandboxError, docker.errors.DockerException, requests.RequestException, ConnectionError,
+                          OSError))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# containers
+
+
+@dataclass
+class _Interp:
+    """The episode's running interpreter: its exec, socket, pid inside the container and protocol buffers."""
+
+    exec_id: str
+    stream: _Stream
+    pid: int = 0
+    pending: bytes = b""
+    err: bytearray = field(default_factory=bytearray)
+
+    def read_line(self, deadline: float, limit: int) -> bytes | None:
+        """Next protocol line from the interpreter's stdout; None at EOF or past the deadline."""
+        while True:
+            nl = self.pending.find(b"\n")
+            if nl >= 0:
+                line, self.pending = self.pending[:nl], self.pending[nl + 1 :]
+                return line
+            if len(self.pending) > limit:
+                raise ValueError(f"interpreter wrote a protocol line over {limit} bytes")
+            if self.stream.eof:
+                return None
+            frames = self.stream.read_frames(deadline)
+            if frames is None:
+                return None
+            for kind, data in frames:
+                if kind == 2:
+                    if len(self.err) < 65536:
+                        self.err += data[: 65536 - len(self.err)]
+                else:
+                    self.pending += data
+
+
+@dataclass
+class _Container:
+    id: str
+    watch: Any  # attach socket holding PID 1's stdin open (closing it ends the container)
+    cgroup: _Cgroup
+    interp: _Interp | None = None  # started ahead by the pool, so an episode's first call is fast too
+    created: float = field(default_factory=time.monotonic)
+
+
+# Every exec'd process first makes itself a preferred victim of the OOM killer (raising oom_score_adj needs no
+# privilege, lowering it below 0 does), so a memory bomb never takes PID 1 and the container down with it; commands
+# (500) go before the episode's interpreter (300), whose variables are worth more.
+EXEC_OOM_ADJ, INTERP_OOM_ADJ = 500, 300
+
+
+def _oom_prefix(adj: int) -> list[str]:
+    return ["sh", "-c", f'echo {adj} > /proc/self/oom_score_adj; exec "$@"', "sh"]
+
+
+def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_OOM_ADJ) -> tuple[str, _Stream]:
+    ex = api.exec_create(cid, _oom_prefix(adj) + argv, stdin=stdin, stdout=True, stderr=True, user=SANDBOX_USER,
+                         workdir=WORKDIR)
+    sock = api.exec_start(ex["Id"], socket=True)
+    return ex["Id"], _Stream(sock)
+
+
+def _warm(it: _Interp) -> None:
+    """Run an empty cell (request id 0) so the interpreter's lazy imports are paid before an episode starts."""
+    it.stream.send(b'{"id": 0, "code": "pass", "timeout_s": 10, "output_limit": 1000}\n', time.monotonic() + 10)
+    line = it.read_line(time.monotonic() + 10, 1 << 16)
+    if line is None or json.loads(line).get("id") != 0:
+        raise SandboxError(f"the interpreter did not answer its warm-up call: {line!r:.200}")
+
+
+def _start_interpreter(api, cid: str) -> _Interp:
+    """Start sandbox/interpreter.py in the container with `docker exec -i` and wait for its ready line."""
+    exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ)
+    it = _Interp(exec_id, st)
+    line = None
+    try:
+        line = it.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
+        msg = json.loads(line) if line is not None else None
+    except ValueError:
+        msg = None
+    if not isinstance(msg, dict) or msg.get("ready") is not True:
+        st.close()
+        raise SandboxError(f"the interpreter did not start (first line {line!r:.200}; stderr "
+                           f"{_text(it.err)[-300:]!r})")
+    it.pid = int(msg.get("pid") or 0)
+    it.err.clear()
+    return it
+
+
+class DockerSandbox:
+    """One episode's container. Calls are serialised; close() removes the container."""
+
+    backend = "docker"
+
+    def __init__(self, owner: DockerBackend, box: _Container):
+        self._owner = owner
+        self._box = box
+        self.image: str | None = owner.image
+        self.config = owner.config
+        self._lock = threading.Lock()
+        self._interp: _Interp | None = box.interp
+        box.interp = None
+        self._req = 0
+        self._note: str | None = None  # said once in the next run_python's stderr (interpreter or sandbox reset)
+        self._oom_seen = False
+        self.closed = False
+
+    @property
+    def container_id(self) -> str:
+        return self._box.id
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    @property
+    def _api(self):
+        return self._owner.client.api
+
+    def _counters(self) -> _Counters | None:
+        return self._box.cgroup.read() if self._box.cgroup.available else None
+
+    def _oom_since(self, before: _Counters | None) -> bool:
+        if before is not None:
+            return self._box.cgroup.read().oom_kill > before.oom_kill
+        try:  # engine not local: State.OOMKilled is sticky, so only its first flip counts
+            flag = bool(self._api.inspect_container(self._box.id)["State"].get("OOMKilled"))
+        except Exception:  # noqa: BLE001 - an unreadable flag means no OOM seen
+            return False
+        new = flag and not self._oom_seen
+        self._oom_seen = self._oom_seen or flag
+        return new
+
+    def _pids_hit(self, before: _Counters | None) -> bool:
+        return before is not None and self._box.cgroup.read().pids_max > before.pids_max
+
+    def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
+        return ExecResult(exit_code=None, verdict="infra_error", duration_ms=(time.perf_counter() - t0) * 1000,
+                          error=f"{what}: {type(e).__name__}: {str(e)[:500]}")
+
+    def _start_exec(self, argv: list[str], *, stdin: bool) -> tuple[str, _Stream]:
+        return _start_exec(self._api, self._box.id, argv, stdin=stdin)
+
+    def _exit_code(self, exec_id: str, wait_s: float = 1.0) -> int | None:
+        end = time.monotonic() + wait_s
+        while True:
+            info = self._api.exec_inspect(exec_id)
+            if not info.get("Running"):
+                return info.get("ExitCode")
+            if time.monotonic() > end:
+                return None
+            time.sleep(0.01)
+
+    def _cleanup(self, keep_pid: int) -> str | None:
+        """Kill every sandbox process except PID 1 and `keep_pid` (0: none); when even that cannot run (pids
+        exhausted), replace the container. Returns a note for stderr, or None."""
+        try:
+            ex_id, st = self._start_exec(["timeout", "-s", "KILL", "5", "python3", "-S", "-c", CLEANUP_SOURCE,
+                                          str(keep_pid)], stdin=False)
+            deadline = time.monotonic() + 6
+            while not st.eof and st.read_frames(deadline) is not None:
+                pass
+            st.close()
+            if self._exit_code(ex_id) == 0:
+                return None
+        except Exception as e:
+            if not _is_infra(e):
+                raise
+            log.warning("cleanup in container %s failed: %s", self._box.id[:12], e)
+        return self._replace_container("leftover processes could not be killed inside the sandbox")
+
+    def _replace_container(self, reason: str) -> str:
+        """Swap in a fresh container for the rest of the episode (files and state are gone); returns the note."""
+        self._drop_interpreter()
+        old = self._box
+        new = self._owner._take()
+        self._owner._rekey(old.id, new.id, self)
+        self._box = new
+        self._interp, new.interp = new.interp, None
+        self._owner._discard(old)
+        return f"[sandbox] the sandbox was reset ({reason}): files and interpreter state from earlier calls are gone"
+
+    def _drop_interpreter(self) -> None:
+        if self._interp is not None:
+            self._interp.stream.close()
+        self._interp = None
+
+    # -- Sandbox protocol ------------------------------------------------------------------------------------
+    def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None) -> ExecResult:
+        """Run argv (no shell) in the sandbox as user nobody in /workspace, with the call's limits."""
+        if not argv:
+            raise ValueError("exec needs a non-empty argv")
+        with self._lock:
+            return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin)
+
+    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None) -> ExecResult:
+        t0 = time.perf_counter()
+        if self.closed:
+            return self._infra("exec", SandboxError("sandbox already closed"), t0)
+        before = self._counters()
+        cap = _Capture(self.config.output_limit_bytes)
+        cmd = ["timeout", "-s", "KILL", f"{timeout_s:.3f}", *argv]
+        try:
+            exec_id, st = self._start_exec(cmd, stdin=stdin is not None)
+        except Exception as e:
+            if not _is_infra(e):
+                raise
+            return self._infra("docker exec failed to start", e, t0)
+        deadline = time.monotonic() + timeout_s + GRACE_S
+        backstop = flooded = False
+        try:
+            if stdin is not None:
+                try:
+                    st.send(stdin, deadline)
+                except (TimeoutError, OSError):
+                    pass  # the program stopped reading stdin: what it printed still counts
+                st.close_stdin()
+            while not st.eof:
+                frames = st.read_frames(deadline)
+                if frames is None:
+                    backstop = True
+                    break
+                for kind, data in frames:
+                    cap.add(kind, data)
+                if cap.flooded:
+                    flooded = True
+                    break
+        finally:
+            st.close()
+        notes: list[str] = []
+        exit_code: int | None = None
+        try:
+            if not (backstop or flooded):
+                exit_code = self._exit_code(exec_id)
+            # read the counters before any cleanup, which may swap the container
+            oom = self._oom_since(before) if (before is not None or exit_code != 0 or backstop or flooded) else False
+            pids = not oom and self._pids_hit(before)
+            if backstop or flooded or pids:  # kill what the call left running (the forks that filled the table)
+                n = self._cleanup(self._interp.pid if self._interp else 0)
+                if n:
+                    notes.append(n)
+        except Exception as e:
+            if not _is_infra(e):
+                raise
+            return self._infra("docker exec inspect failed", e, t0)
+        elapsed = time.perf_counter() - t0
+        timed_out = backstop or (exit_code in (124, 137) and elapsed >= timeout_s)
+        if backstop:
+            notes.append(f"[sandbox] no exit {GRACE_S:g}s past the {timeout_s:g}s timeout: killed by the backstop")
+        if flooded:
+            notes.append(f"[sandbox] output flood (over {cap.flood} bytes): killed")
+        if oom or flooded:
+            verdict = "resource_limit"
+        elif timed_out:
+            verdict = "timeout"
+        elif pids:
+            verdict = "resource_limit"
+            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
+        elif exit_code == 0:
+            verdict = "ok"
+        else:
+            verdict = "error"
+        if oom:
+            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
+        stderr = _text(cap.err) + ("\n" if notes and cap.err else "") + "\n".join(notes)
+        return ExecResult(exit_code=None if (backstop or flooded) else exit_code, stdout=_text(cap.out),
+                          stderr=stderr, timed_out=timed_out, oom_killed=oom, truncated=cap.truncated or flooded,
+                          duration_ms=elapsed * 1000, verdict=verdict)
+
+    def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
+        """Run code in this episode's persistent interpreter (globals kept across calls)."""
+        with self._lock:
+            return self._run_python(code, timeout_s or self.config.timeout_s)
+
+    def _interp_gone(self) -> bool:
+        """True when the idle interpreter's stream has ended (it died between calls)."""
+        it = self._interp
+        if it is None or it.stream.eof:
+            return it is not None
+        try:
+            if _wait(it.stream.sock, select.POLLIN, 0):
+                it.read_line(time.monotonic() + 0.001, 1 << 16)  # consumes EOF (or a stray line)
+        except (OSError, ValueError):
+            return True
+        return it.stream.eof
+
+    def _kill_interpreter(self) -> tuple[int | None, str | None]:
+        """Kill the interpreter and everything else of the sandbox user; returns (exit status, reset note)."""
+        it = self._interp
+        self._drop_interpreter()
+        note = self._cleanup(0)
+        status = None
+        if it is not None and note is None:
+            code = self._exit_code(it.exec_id, wait_s=0.5)
+            status = -(code - 128) if code is not None and code > 128 else code
+        return status, note
+
+    def _run_python(self, code: str, timeout_s: float) -> ExecResult:
+        t0 = time.perf_counter()
+        if self.closed:
+            return self._infra("run_python", SandboxError("sandbox already closed"), t0)
+        before = self._counters()
+        notes = [self._note] if self._note else []
+        self._note = None
+        if self._interp is not None and self._interp_gone():
+            gone_code = self._exit_code(self._interp.exec_id, wait_s=0.2) if self._interp.exec_id else None
+            self._drop_interpreter()
+            notes.append(f"[sandbox] the interpreter had died since the last call (exit {gone_code}; an out-of-memory "
+                         "kill during an earlier command is the usual cause): a fresh one runs this call, earlier "
+                         "variables are gone")
+        try:
+            if self._interp is None:
+                self._interp = _start_interpreter(self._api, self._box.id)
+        except Exception as e:
+            if not _is_infra(e) and not isinstance(e, SandboxError):
+                raise
+            return self._infra("starting the interpreter failed", e, t0)
+        it = self._interp
+        self._req += 1
+        rid = self._req
+        limit = self.config.output_limit_bytes
+        raw: dict[str, Any] = {"id": rid, "stdout": "", "stderr": "", "truncated": False, "exit_code": None,
+                               "timed_out": False, "error": None, "memory_error": False, "died": False,
+                               "exit_status": None}
+        req = json.dumps({"id": rid, "code": code, "timeout_s": timeout_s, "output_limit": limit}) + "\n"
+        start = time.monotonic()
+        deadline = start + timeout_s + GRACE_S
+        broke: str | None = None
+        try:
+            it.stream.send(req.encode("utf-8", "surrogatepass"), deadline)
+            line = it.read_line(deadline, 14 * limit + 65536)
+        except (OSError, TimeoutError, ValueError) as e:
+            line, broke = None, f"[interpreter channel broke: {e}]"
+        resp: dict | None = None
+        if line is not None:
+            try:
+                resp = json.loads(line)
+                if not isinstance(resp, dict) or resp.get("id") != rid:
+                    raise ValueError(f"expected id {rid}, got {line[:200]!r}")
+            except ValueError as e:
+                resp, broke = None, f"[interpreter broke the protocol: {e}]"
+        try:
+            if resp is not None:
+                raw.update({k: resp[k] for k in raw if k in resp and k not in ("died", "exit_status")})
+            else:  # the interpreter died, hung past the backstop, or broke the protocol: kill what is left
+                hung = not it.stream.eof and broke is None
+                raw["died"] = True
+                raw["timed_out"] = hung and time.monotonic() - start >= timeout_s
+                died_err = _text(it.err)[-2000:]
+                oom = self._oom_since(before)  # before any reset swaps the container
+                pids = not oom and self._pids_hit(before)
+                status, reset = self._kill_interpreter()
+                raw["exit_status"] = status
+                raw["stderr"] = "\n".join(x for x in (broke, died_err.strip()) if x)
+                if hung:
+                    notes.append(f"[sandbox] the interpreter did not answer {GRACE_S:g}s past the {timeout_s:g}s "
+                                 "timeout and was killed")
+                if reset:
+                    notes.append(reset)
+            if not raw["died"]:
+                failed = raw["timed_out"] or raw["error"] is not None or raw["exit_code"] not in (None, 0)
+                # cgroup counters are cheap (two small files): always; without them, inspect only on failure
+                oom = self._oom_since(before) if (failed or before is not None) else False
+                pids = not oom and self._pids_hit(before)
+            if pids and not raw["died"]:
+                n = self._cleanup(it.pid)  # the forks that filled the pids table
+                if n:
+                    notes.append(n)
+        except Exception as e:
+            self._drop_interpreter()
+            if not _is_infra(e):
+                raise
+            return self._infra("the interpreter connection failed", e, t0)
+        raw["duration_ms"] = (time.monotonic() - start) * 1000
+        fields = exec_fields(raw)
+        if oom:
+            fields.update(verdict="resource_limit", oom_killed=True)
+            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
+        elif pids:
+            fields["verdict"] = "resource_limit"
+            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
+        elif raw["died"] and not raw["timed_out"]:
+            # Docker tells an OOM kill apart (above); any other death is the code killing its own interpreter.
+            fields["verdict"] = "error"
+        if notes:
+            fields["stderr"] = fields["stderr"] + ("\n" if fields["stderr"] else "") + "\n".join(notes)
+        fields["duration_ms"] = (time.perf_counter() - t0) * 1000
+        return ExecResult(**fields)
+
+    def write_files(self, files: dict[str, str]) -> None:
+        """Write text files under /workspace (relative paths; parents created; symlinks replaced, never followed)."""
+        if not files:
+            return
+        payload = json.dumps(files).encode()
+        with self._lock:
+            res = self._exec(["python3", "-S", "-c", WRITE_SOURCE, str(len(payload))],
+                             max(self.config.timeout_s, 10.0), payload)
+        if res.verdict != "ok":
+            raise SandboxError(f"writing {len(files)} file(s) into the sandbox failed ({res.verdict}): "
+                               f"{(res.error or res.stderr)[-500:]}")
+
+    def close(self) -> None:
+        """Remove the container (force); idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._drop_interpreter()
+        self._owner._release(self)
+
+
+class DockerBackend:
+    """Docker engine with a warm pool of fresh containers; one container per episode, never reused."""
+
+    name = "docker"
+
+    def __init__(self, config: SandboxConfig, *, pool_size: int = 2, max_sandboxes: int = 64,
+                 acquire_timeout_s: float = 120.0, client=None):
+        from sandbox.image import image_id
+        from sandbox.reaper import reap
+
+        self.config = config
+        self.pool_size = max(0, pool_size)
+        self.client = client or docker_client()
+        img = image_id(config.image, self.client)
+        if img is None:
+            raise SandboxUnavailable(
+                f"sandbox image {config.image!r} is not in the Docker engine; fix: flywheel sandbox build-image "
+                f"(or docker build -t {config.image} sandbox/)")
+        self.image: str | None = img
+        self.owner = _owner_tag()
+        self._acquire_timeout_s = acquire_timeout_s
+        self._slots = threading.BoundedSemaphore(max_sandboxes)
+        self._max = max_sandboxes
+        self._pool: queue.Queue[_Container] = queue.Queue()
+        self._active: dict[str, DockerSandbox] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._closed = False
+        self.last_create_error: str | None = None
+        try:
+            removed = reap(self.client)
+            if removed:
+                log.info("reaper removed %d stray sandbox container(s)", removed)
+        except Exception as e:  # noqa: BLE001 - reaping is housekeeping; never block the backend on it
+            log.warning("reaper failed: %s", e)
+        self._in_flight = 0
+        self._trash: queue.Queue[str | None] = queue.Queue()
+        self._remover = threading.Thread(target=self._remove_loop, name="flywheel-docker-remove", daemon=True)
+        self._remover.start()
+        # containers are created in parallel: most of a create is waiting on the engine (mounts, runc)
+        self._fillers = [threading.Thread(target=self._fill_loop, name=f"flywheel-docker-pool-{i}", daemon=True)
+                         for i in range(min(self.pool_size, FILL_THREADS))]
+        for t in self._fillers:
+            t.start()
+        _live_backends.add(self)
+
+    # -- containers --------------------------------------------------------------------------------------------
+    def _create_once(self, prestart: bool = False) -> _Container:
+        c = self.config
+        api = self.client.api
+        from docker.types import Ulimit
+
+        mb = f"{c.memory_mb}m"
+        tmpfs_opt = f"size={c.tmpfs_mb}m,mode=1777"
+        host_config = api.create_host_config(
+            network_mode="none", mem_limit=mb, memswap_limit=mb, pids_limit=c.pids_limit,
+            nano_cpus=int(c.cpus * 1e9), read_only=True, tmpfs={"/tmp": tmpfs_opt, WORKDIR: tmpfs_opt},
+            shm_size=f"{c.tmpfs_mb}m", cap_drop=["ALL"], security_opt=["no-new-privileges"], auto_remove=True,
+            ipc_mode="private", ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=1024, hard=1024)],
+        )
+        cont = api.create_container(
+            c.image, command=["python3", "-S", "-c", PID1_SOURCE], user=SANDBOX_USER, working_dir=WORKDIR,
+            hostname="sandbox", stdin_open=True, network_disabled=True, environment=[], use_config_proxy=False,
+            labels={LABEL: "1", OWNER_LABEL: self.owner}, host_config=host_config,
+        )
+        cid = cont["Id"]
+        try:
+            watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
+            api.start(cid)
+        except Exception:
+            try:
+                api.remove_container(cid, force=True)
+            except Exception:  # noqa: BLE001, S110 - the create error is what matters
+                pass
+            raise
+        box = _Container(cid, watch, _Cgroup(cid))
+        if prestart:
+            try:
+                box.interp = _start_interpreter(api, cid)
+                _warm(box.interp)
+            except Exception:
+                self._discard(box)
+                raise
+        return box
+
+    def _create(self, prestart: bool = False) -> _Container:
+        delay = 0.2
+        last: BaseException | None = None
+        for attempt in range(CREATE_TRIES):
+            if self._stop.is_set():
+                raise SandboxError("the Docker backend is shut down")
+            try:
+                box = self._create_once(prestart)
+                self.last_create_error = None
+                return box
+            except Exception as e:
+                if not _is_infra(e) and not isinstance(e, SandboxError):
+                    raise
+                last = e
+                self.last_create_error = f"{type(e).__name__}: {e}"
+                log.warning("creating a sandbox container failed (try %d/%d): %s", attempt + 1, CREATE_TRIES, e)
+                time.sleep(delay)
+                delay *= 2
+        raise SandboxError(f"creating a sandbox container failed {CREATE_TRIES} times: {type(last).__name__}: {last}")
+
+    def _take(self) -> _Container:
+        """A fresh started container: from the pool when one is ready, else created now."""
+        while True:
+            try:
+                box = self._pool.get_nowait()
+            except queue.Empty:
+                box = None
+            self._wake.set()
+            if box is None:
+                return self._create()
+            if self._alive(box):
+                return box
+            self._discard(box)
+
+    def _alive(self, box: _Container) -> bool:
+        if box.cgroup.available:  # the cgroup directory goes away with the container
+            return box.cgroup.mem is not None and box.cgroup.mem.exists()
+        try:
+            return self.client.api.inspect_container(box.id)["State"]["Running"]
+        except Exception:  # noqa: BLE001 - gone or unreachable: not alive
+            return False
+
+    def _discard(self, box: _Container) -> None:
+        """End a container now (closing PID 1's stdin makes it exit, which kills every process in it) and have the
+        remover thread delete it (force) in the background; shutdown() waits for the deletions."""
+        if box.interp is not None:
+            box.interp.stream.close()
+            box.interp = None
+        try:
+            box.watch.close()
+        except Exception:  # noqa: BLE001, S110 - closing a dead socket is best effort
+            pass
+        self._trash.put(box.id)
+
+    def _remove_loop(self) -> None:
+        while True:
+            cid = self._trash.get()
+            if cid is None:
+                return
+            try:
+                self.client.api.remove_container(cid, force=True)
+            except Exception as e:  # noqa: BLE001 - removal is best effort; logged, and the reaper is the backstop
+                if "No such container" not in str(e) and "already in progress" not in str(e):
+                    log.warning("removing container %s failed: %s", cid[:12], e)
+
+    def _fill_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                need = self._pool.qsize() + self._in_flight < self.pool_size
+                if need:
+                    self._in_flight += 1
+            if not need:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            try:
+                box = self._create(prestart=True)
+            except Exception as e:  # noqa: BLE001 - the loop retries; logged
+                with self._lock:
+                    self._in_flight -= 1
+                log.warning("pool refill failed: %s", e)
+                self._stop.wait(2.0)
+                continue
+            with self._lock:
+                self._in_flight -= 1
+                if not self._stop.is_set():
+                    self._pool.put(box)
+                    continue
+            self._discard(box)
+
+    # -- Backend protocol ----------------------------------------------------------------------------------------
+    def acquire(self) -> DockerSandbox:
+        """A clean container for one episode (raises SandboxError when none can be had: infra, retried by callers)."""
+        if self._closed:
+            raise SandboxError("the Docker backend is shut down")
+        if not self._slots.acquire(timeout=self._acquire_timeout_s):
+            raise SandboxError(f"sandbox pool exhausted: {self._max} sandboxes in use for "
+                               f"{self._acquire_timeout_s:g}s; close finished episodes or raise max_sandboxes")
+        try:
+            sb = DockerSandbox(self, self._take())
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._lock:
+            self._active[sb.container_id] = sb
+        return sb
+
+    def _rekey(self, old_id: str, new_id: str, sb: DockerSandbox) -> None:
+        with self._lock:
+            self._active.pop(old_id, None)
+            self._active[new_id] = sb
+
+    def _release(self, sb: DockerSandbox) -> None:
+        with self._lock:
+            present = self._active.pop(sb.container_id, None) is not None
+        self._discard(sb._box)
+        if present:
+            self._slots.release()
+
+    def shutdown(self) -> None:
+        """Stop the refill threads and remove every container of this backend (pooled and in use); returns when
+        they are deleted."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        for t in self._fillers:
+            t.join(timeout=60)
+        with self._lock:
+            active = list(self._active.values())
+        for sb in active:
+            sb.close()
+        while True:
+            try:
+                self._discard(self._pool.get_nowait())
+            except queue.Empty:
+                break
+        self._trash.put(None)
+        self._remover.join(timeout=120)
+        _live_backends.discard(self)
+
+    def __enter__(self) -> DockerBackend:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+_live_backends: weakref.WeakSet[DockerBackend] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for b in list(_live_backends):
+        try:
+            b.shutdown()
+        except Exception:  # noqa: BLE001, S110 - exiting: nothing left to report to
+            pass

@@ -1,0 +1,467 @@
+"""The persistent Python interpreter that runs inside a sandbox, and the host-side client that talks to it.
+
+The program (`main`) is started once per episode as `python3 -u -c SOURCE` (SOURCE = `interpreter_source()`, the
+text of this file) inside the sandbox, and keeps one globals dict across calls, like a notebook kernel. It only
+needs the standard library of Python 3.11 and must work without a file (no `__file__`, no package imports).
+
+Protocol, one JSON object per line:
+  host -> interpreter (stdin):  {"id": n, "code": str, "timeout_s": float, "output_limit": int}
+  interpreter -> host (stdout): first {"ready": true, "pid": int, "python": str}, then per request
+      {"id": n, "stdout": str, "stderr": str, "truncated": bool, "exit_code": int|null, "timed_out": bool,
+       "error": str|null, "memory_error": bool, "duration_ms": float}
+  `exit_code` reads like a process's: 0 when the cell finished, the code of a SystemExit (the interpreter survives
+  it), 1 after an uncaught exception, null on timeout. `error` is the traceback of an uncaught exception (also
+  appended to stderr, as a notebook shows it); `memory_error` says that exception was a MemoryError (the backend's
+  memory limit). When the cell's last statement is an expression, its repr is printed (notebook style).
+
+At start the program moves the protocol to private descriptors (dups of the original stdin/stdout, not inherited by
+children) and points fd 0 at /dev/null and fds 1/2 at pipes drained by two threads into per-call buffers capped at
+`output_limit` bytes each (the rest is counted and dropped: an infinite print costs CPU, never memory or disk).
+So prints, `os.system` and subprocess output are captured and user code cannot write into the protocol channel
+by accident. A call's timeout is an ITIMER_REAL alarm that raises `CallTimeout` (a BaseException) in the main
+thread, re-raised every 0.1 s if the code swallows it; a watchdog thread kills the call's child processes shortly
+after the deadline so a call blocked in C (`os.system`) returns. Code that blocks signals is the host's job:
+`InterpreterClient` keeps a hard deadline (timeout + grace) and then kills the process through a callback.
+
+This module does not start sandboxes, map results to `ExecResult` verdicts beyond `exec_fields`, or enforce limits
+other than time and output size (memory, pids, disk, network belong to the backend).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+PROTOCOL_LINE_LIMIT_FACTOR = 14  # a JSON line may hold 2 streams of output_limit bytes, each escaped up to 6x
+WATCHDOG_GRACE_S = 0.5  # after the deadline, child processes of the call are killed
+RERAISE_INTERVAL_S = 0.1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The program (runs inside the sandbox)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class CallTimeout(BaseException):
+    """Raised in user code when its call ran past timeout_s (a BaseException, so `except Exception` misses it)."""
+
+
+class _Capture:
+    """Drain one pipe (the target of fd 1 or 2) into a per-call buffer capped at `limit` bytes."""
+
+    def __init__(self, read_fd: int) -> None:
+        self.fd = read_fd
+        self.lock = threading.Lock()
+        self.buf = bytearray()
+        self.limit = 1_000_000
+        self.dropped = 0
+        os.set_blocking(read_fd, False)
+        _start_thread(self._loop, f"capture-{read_fd}")
+
+    def _take(self, data: bytes) -> None:
+        room = self.limit - len(self.buf)
+        if room > 0:
+            self.buf += data[:room]
+        self.dropped += max(0, len(data) - max(room, 0))
+
+    def _read_available(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            self._take(data)
+
+    def _loop(self) -> None:
+        while True:
+            select.select([self.fd], [], [])
+            with self.lock:
+                self._read_available()
+
+    def reset(self, limit: int) -> None:
+        with self.lock:
+            self._read_available()  # output written between calls (a daemon) is dropped
+            self.buf = bytearray()
+            self.dropped = 0
+            self.limit = limit
+
+    def collect(self) -> tuple[bytes, bool]:
+        with self.lock:
+            self._read_available()
+            data, truncated = bytes(self.buf), self.dropped > 0
+            self.buf = bytearray()
+            self.dropped = 0
+        return data, truncated
+
+
+def _start_thread(target: Callable[..., None], name: str, *args: Any) -> None:
+    """A daemon thread with a small stack (stacks count against the sandbox's address-space limit)."""
+    old = threading.stack_size(256 * 1024)
+    try:
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+    finally:
+        threading.stack_size(old)
+
+
+def _descendants(root_pid: int) -> list[int]:
+    """Pids of all live descendants of root_pid, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class _Kernel:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.proto_in = os.fdopen(os.dup(0), "rb")
+        self.proto_out = os.dup(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        self.captures: list[_Capture] = []
+        self.write_ends: list[int] = []
+        for fd in (1, 2):
+            r, w = os.pipe()
+            os.dup2(w, fd)  # inheritable: os.system and subprocess children write into the capture
+            self.write_ends.append(w)  # kept (not inherited) to re-point fd 1/2 if user code closes them
+            self.captures.append(_Capture(r))
+        self.stdout, self.stderr = sys.stdout, sys.stderr
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+        self.cell = 0
+        self.in_user_code = False
+        self.alarm_fired = False
+        self.timeout_s = 0.0
+        signal.signal(signal.SIGALRM, self._on_alarm)
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.in_user_code:
+            self.alarm_fired = True
+            raise CallTimeout(f"call ran past its timeout of {self.timeout_s:g} s")
+
+    def _watchdog(self, done: threading.Event, deadline: float) -> None:
+        while not done.wait(0.05):
+            if time.monotonic() > deadline + WATCHDOG_GRACE_S:
+                for pid in _descendants(self.pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+    def send(self, obj: dict[str, Any]) -> None:
+        data = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8", "replace")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.proto_out, view) :]
+
+    def run_cell(self, code: str, timeout_s: float) -> dict[str, Any]:
+        import ast
+        import linecache
+        import traceback
+
+        self.cell += 1
+        filename = f"<cell-{self.cell}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        error: str | None = None
+        memory_error = timed_out = False
+        exit_code: int | None = 0
+        extra_stderr = ""
+        self.timeout_s = timeout_s
+        self.alarm_fired = False
+        done = threading.Event()
+        _start_thread(self._watchdog, "watchdog", done, time.monotonic() + timeout_s)
+        for fd, w in zip((1, 2), self.write_ends):
+            os.dup2(w, fd)  # a cell that closed or redirected fd 1/2 does not break the next one
+        try:
+            try:
+                tree = ast.parse(code, filename, "exec")
+                last = None
+                if tree.body and isinstance(tree.body[-1], ast.Expr):
+                    last = ast.Expression(tree.body.pop().value)
+                body = compile(tree, filename, "exec")
+                tail = compile(last, filename, "eval") if last is not None else None
+                sys.stdout, sys.stderr = self.stdout, self.stderr
+                self.in_user_code = True
+                signal.setitimer(signal.ITIMER_REAL, timeout_s, RERAISE_INTERVAL_S)
+                exec(body, self.namespace)  # noqa: S102 - running the model's code is the point
+                if tail is not None:
+                    value = eval(tail, self.namespace)
+                    if value is not None:
+                        print(repr(value))
+            finally:
+                self.in_user_code = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except CallTimeout as e:
+            timed_out, exit_code = True, None
+            extra_stderr = f"TimeoutError: {e}\n"
+        except SystemExit as e:
+            if e.code is None:
+                exit_code = 0
+            elif isinstance(e.code, int):
+                exit_code = e.code
+            else:
+                extra_stderr = f"{e.code}\n"
+                exit_code = 1
+        except BaseException as e:  # noqa: BLE001 - every user error is reported, never raised
+            tb = e.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+                tb = tb.tb_next  # drop the interpreter's own frames
+            error = "".join(traceback.format_exception(type(e), e, tb if tb is not None else e.__traceback__))
+            memory_error = isinstance(e, MemoryError)
+            extra_stderr, exit_code = error, 1
+        finally:
+            done.set()
+            if os.getpid() != self.pid:  # user code forked and this is the child returning: never touch the protocol
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(exit_code or 0)
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 - a broken user stream must not break the protocol
+                pass
+        if self.alarm_fired and not timed_out:  # the code swallowed CallTimeout but still ran past its time
+            timed_out, exit_code = True, None
+        return {"exit_code": exit_code, "error": error, "memory_error": memory_error, "timed_out": timed_out,
+                "extra_stderr": extra_stderr}
+
+    def serve(self) -> None:
+        self.send({"ready": True, "pid": self.pid, "python": sys.version.split()[0]})
+        while True:
+            line = self.proto_in.readline()
+            if not line:
+                return
+            try:
+                req = json.loads(line)
+                rid, code = req["id"], req["code"]
+                timeout_s, limit = float(req["timeout_s"]), int(req["output_limit"])
+            except (ValueError, KeyError, TypeError) as e:
+                self.send({"id": None, "protocol_error": f"bad request: {e}"})
+                continue
+            for cap in self.captures:
+                cap.reset(limit)
+            start = time.monotonic()
+            out = self.run_cell(code, timeout_s)
+            duration_ms = (time.monotonic() - start) * 1000
+            (stdout, t_out), (stderr, t_err) = (cap.collect() for cap in self.captures)
+            truncated = t_out or t_err
+            if out["extra_stderr"]:
+                tail = out["extra_stderr"].encode("utf-8", "replace")[-limit:]
+                stderr = stderr[: max(0, limit - len(tail))] + tail
+            self.send({
+                "id": rid,
+                "stdout": stdout.decode("utf-8", "replace"),
+                "stderr": stderr.decode("utf-8", "replace"),
+                "truncated": truncated,
+                "exit_code": out["exit_code"],
+                "timed_out": out["timed_out"],
+                "error": out["error"],
+                "memory_error": out["memory_error"],
+                "duration_ms": duration_ms,
+            })
+
+
+def main() -> None:
+    """Serve requests on stdin until it closes. Run as `python3 -u -c SOURCE` inside a sandbox."""
+    _Kernel().serve()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The host side
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class InterpreterError(Exception):
+    """The interpreter did not answer as the protocol says (it died, hung past the backstop, or wrote garbage)."""
+
+
+def interpreter_source() -> str:
+    """The text of this file: the program a backend runs as `python3 -u -c SOURCE` inside a sandbox."""
+    from pathlib import Path
+
+    return Path(__file__).read_text(encoding="utf-8")
+
+
+def interpreter_argv(python: str = "python3") -> list[str]:
+    """The command line that starts the interpreter with the given python executable."""
+    return [python, "-u", "-c", interpreter_source()]
+
+
+class InterpreterClient:
+    """Talk to one running interpreter over its stdin/stdout pipes, with a hard host-side deadline per call.
+
+    `stdin` is a binary writable file of the process's stdin; `stdout` anything with fileno() for its stdout.
+    `kill` must kill the interpreter process (and what it started, if the backend can) and return its exit status
+    (negative signal number as in subprocess) or None when unknown; it is called when a call runs past
+    timeout_s + grace_s, when the interpreter dies, or when it breaks the protocol. After that `alive` is False and
+    the backend starts a new interpreter (the episode's variables are gone, its files are not).
+    """
+
+    def __init__(self, stdin: BinaryIO, stdout: Any, kill: Callable[[], int | None], *, grace_s: float = 2.0,
+                 startup_timeout_s: float = 30.0) -> None:
+        self._stdin = stdin
+        self._fd = stdout.fileno() if hasattr(stdout, "fileno") else int(stdout)
+        os.set_blocking(self._fd, False)
+        self._kill = kill
+        self._buf = bytearray()
+        self._next_id = 0
+        self.grace_s = grace_s
+        self.startup_timeout_s = startup_timeout_s
+        self.alive = True
+        self.ready: dict[str, Any] | None = None
+        self.exit_status: int | None = None
+
+    def _die(self) -> None:
+        if self.alive:
+            self.alive = False
+            self.exit_status = self._kill()
+
+    def _read_line(self, deadline: float, limit: int) -> bytes | None:
+        """One protocol line, or None at EOF or when the deadline passes. Raises on an oversized line."""
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                return line
+            if len(self._buf) > limit:
+                raise InterpreterError(f"interpreter wrote a protocol line over {limit} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if not ready:
+                continue
+            try:
+                data = os.read(self._fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not data:
+                return None
+            self._buf += data
+
+    def wait_ready(self) -> dict[str, Any]:
+        """Block until the interpreter says it is ready (at most startup_timeout_s). Raises InterpreterError."""
+        if self.ready is not None:
+            return self.ready
+        line = self._read_line(time.monotonic() + self.startup_timeout_s, 1 << 16)
+        try:
+            msg = json.loads(line) if line is not None else None
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict) or msg.get("ready") is not True:
+            self._die()
+            raise InterpreterError(f"interpreter did not start (first line {line!r:.200}, exit {self.exit_status})")
+        self.ready = msg
+        return msg
+
+    def call_raw(self, code: str, timeout_s: float, output_limit: int) -> dict[str, Any]:
+        """Send one cell and return the protocol response, plus `died` (bool) and `exit_status` when it died.
+
+        Never raises for the program's behaviour: a hang past timeout_s + grace_s returns timed_out=True with
+        died=True, and a dead interpreter returns died=True. Raises InterpreterError only when called after the
+        interpreter is dead or when it never started.
+        """
+        if not self.alive:
+            raise InterpreterError("interpreter is dead; start a new one")
+        self.wait_ready()
+        self._next_id += 1
+        rid = self._next_id
+        start = time.monotonic()
+        req = json.dumps({"id": rid, "code": code, "timeout_s": timeout_s, "output_limit": output_limit}) + "\n"
+        base = {"id": rid, "stdout": "", "stderr": "", "truncated": False, "exit_code": None, "timed_out": False,
+                "error": None, "memory_error": False, "died": False, "exit_status": None}
+        try:
+            self._stdin.write(req.encode("utf-8", "surrogatepass"))
+            self._stdin.flush()
+            line = self._read_line(start + timeout_s + self.grace_s, PROTOCOL_LINE_LIMIT_FACTOR * output_limit + 65536)
+        except (BrokenPipeError, InterpreterError, OSError) as e:
+            line, base["stderr"] = None, f"[interpreter channel broke: {e}]"
+        duration_ms = (time.monotonic() - start) * 1000
+        if line is None:
+            timed_out = time.monotonic() - start >= timeout_s
+            self._die()
+            return {**base, "timed_out": timed_out, "died": True, "exit_status": self.exit_status,
+                    "duration_ms": duration_ms}
+        try:
+            resp = json.loads(line)
+            if not isinstance(resp, dict) or resp.get("id") != rid:
+                raise ValueError(f"expected id {rid}, got {line[:200]!r}")
+        except ValueError as e:
+            self._die()
+            return {**base, "stderr": f"[interpreter broke the protocol: {e}]", "died": True,
+                    "exit_status": self.exit_status, "duration_ms": duration_ms}
+        return {**base, **{k: resp[k] for k in base if k in resp and k not in ("died", "exit_status")},
+                "duration_ms": duration_ms}
+
+    def call(self, code: str, timeout_s: float, output_limit: int) -> dict[str, Any]:
+        """Run one cell; return the fields of an `ExecResult` (see `exec_fields`)."""
+        return exec_fields(self.call_raw(code, timeout_s, output_limit))
+
+    def close(self) -> None:
+        """Close stdin (the interpreter exits on EOF) and kill it."""
+        try:
+            self._stdin.close()
+        except OSError:
+            pass
+        self._die()
+
+
+def exec_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Map a `call_raw` response to the fields of `sandbox.result.ExecResult` (same verdicts on every backend).
+
+    ok: the cell finished (or SystemExit(0)); error: an uncaught exception, a nonzero SystemExit, or the code killed
+    its own interpreter; timeout: past timeout_s; resource_limit: MemoryError, or the interpreter killed by
+    SIGXCPU/SIGXFSZ (an rlimit). The traceback stays in stderr (what the model sees); ExecResult.error is only for
+    infrastructure text, so it is None here.
+    """
+    stderr = raw["stderr"]
+    if raw["timed_out"]:
+        verdict, exit_code = "timeout", None
+        if raw["died"]:
+            stderr += "\n[the interpreter did not stop at its timeout and was killed; variables are lost, files are kept]"
+    elif raw["died"]:
+        status = raw.get("exit_status")
+        if status is not None and -status in (signal.SIGXCPU, signal.SIGXFSZ):
+            verdict = "resource_limit"
+        else:
+            verdict = "error"
+        exit_code = status
+        stderr += "\n[the interpreter died; variables of this episode are lost, files are kept]"
+    elif raw["memory_error"]:
+        verdict, exit_code = "resource_limit", 1
+    elif raw["error"] is not None:
+        verdict, exit_code = "error", 1
+    elif raw["exit_code"] not in (None, 0):
+        verdict, exit_code = "error", raw["exit_code"]
+    else:
+        verdict, exit_code = "ok", 0
+    return {"exit_code": exit_code, "stdout": raw["stdout"], "stderr": stderr, "timed_out": raw["timed_out"],
+            "oom_killed": False, "truncated": bool(raw["truncated"]), "duration_ms": raw["duration_ms"],
+            "verdict": verdict, "error": None}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,817 @@
+"""Local sandbox backend on bubblewrap: the same contract and result fields as the Docker backend, no engine needed.
+
+`LocalBackend(config).acquire()` hands out one bubblewrap sandbox per episode (a small pool is started ahead by a
+background thread, so acquiring is immediate; a sandbox is never reused): new user, pid, mount, network, ipc and
+uts namespaces (no network: only a loopback), a read-only root made of read-only binds of /usr (and the /lib, /bin
+links), a generated /etc/passwd and /etc/group, private /proc and /dev, size-limited tmpfs at /tmp, /workspace and
+/dev/shm (fresh per episode: nothing of one episode is visible to the next), user nobody (65534) with no
+capabilities, no-new-privileges, no nested user namespaces, and an environment of our own (never the host's).
+
+PID 1 of the sandbox is a tiny holder that reaps orphans, cannot be killed from inside (the kernel drops SIGKILL
+sent to a namespace's init from inside it) and exits when its stdin closes, that is when the owning process dies,
+even by SIGKILL: the kernel then kills every process of the sandbox. Every command (`exec`, `write_files`, the
+persistent interpreter of `run_python`) enters the running sandbox through a small helper (ENTER_SOURCE, run by
+the host's /usr/bin/python3) that joins its namespaces, drops to nobody, applies the rlimits and execs the command;
+so calls share the sandbox's files like `docker exec` does.
+
+Limits: RLIMIT_AS (memory_mb, per process: a sandbox with n processes may use up to n x memory_mb; there is no
+cgroup here), RLIMIT_NPROC (pids_limit; counted per sandbox because each sandbox has its own user namespace and,
+when we are root, runs as host user nobody: RLIMIT_NPROC is not enforced for host root), RLIMIT_FSIZE (tmpfs_mb),
+RLIMIT_CPU for `exec` calls (a backstop past the wall-clock limit), CPU affinity to ceil(cpus) cores, wall-clock
+timeouts that kill the call's process group (and, on timeout, every process of the sandbox except PID 1 and the
+interpreter), stdout/stderr caps with a truncated flag, and an output flood far past the cap kills an `exec` call.
+There is no seccomp filter (Docker adds one).
+
+This module does not choose a backend (sandbox/backend.py) and does not talk to Docker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Self
+
+from sandbox.interpreter import InterpreterClient, InterpreterError, exec_fields, interpreter_source
+from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+WORKDIR = "/workspace"
+SANDBOX_UID = 65534
+MARKER = "flywheel-local-sandbox"  # in the holder's command line: how tests and humans find our processes
+GRACE_S = 2.0  # how long past its timeout a call may run before the host kills it
+START_TIMEOUT_S = 10.0
+MIN_FLOOD_BYTES = 32 * 1024 * 1024  # exec output beyond max(this, 8 x the cap) kills the call (resource_limit)
+SANDBOX_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "HOME": "/tmp",
+}
+PASSWD = "root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+GROUP = "root:x:0:\nnogroup:x:65534:\n"
+
+# PID 1 of the sandbox: reap every orphan (SIGCHLD ignored = auto-reap), say ready, live until stdin closes.
+HOLDER_SOURCE = r"""
+import os, signal
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+os.write(1, b"R")
+os.close(1)
+try:
+    while os.read(0, 4096):
+        pass
+finally:
+    os._exit(0)
+"""
+
+# Enter a running sandbox: argv = [holder_pid, status_fd, spec_json, *command]. Joins the namespaces of the holder
+# (first the user namespace that owns them, then the sandbox's own nested one), chroots to its root, writes "ok"
+# on status_fd, forks (to land in the pid namespace), and in the child applies the spec (rlimits, CPU affinity,
+# uid/gid, no-new-privs, death signal) and execs the command. The parent waits and exits with the child's status
+# (re-raising its signal), so the host sees the command's exit status. Runs with the host's python3 -S.
+ENTER_SOURCE = r"""
+import ctypes, fcntl, json, os, resource, signal, sys
+holder, status_fd, spec, argv = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:]
+libc = ctypes.CDLL(None, use_errno=True)
+def setns(fd, what):
+    if libc.setns(fd, 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "setns(%s): %s" % (what, os.strerror(e)))
+try:
+    ns = {n: os.open("/proc/%s/ns/%s" % (holder, n), os.O_RDONLY | os.O_CLOEXEC)
+          for n in ("user", "mnt", "pid", "net", "ipc", "uts")}
+    root = os.open("/proc/%s/root" % holder, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
+    # the pid may have been reused by another process: go on only if it still is this sandbox's PID 1
+    if ("pid:[%d]" % os.fstat(ns["pid"]).st_ino != spec["pidns"]
+            or os.readlink("/proc/%s/ns/pid" % holder) != spec["pidns"]):
+        raise OSError(3, "process %s is no longer the sandbox's PID 1" % holder)
+    owner = fcntl.ioctl(ns["mnt"], 0xB701)  # NS_GET_USERNS: the user namespace owning the sandbox's namespaces
+    if os.fstat(owner).st_ino != os.stat("/proc/self/ns/user").st_ino:
+        setns(owner, "owner user")
+    for n in ("mnt", "pid", "net", "ipc", "uts"):
+        setns(ns[n], n)
+    if os.fstat(owner).st_ino != os.fstat(ns["user"]).st_ino:
+        setns(ns["user"], "user")
+    os.fchdir(root)
+    os.chroot(".")
+    os.chdir(spec["cwd"])
+except OSError as e:
+    os.write(status_fd, ("cannot enter sandbox %s: %s" % (holder, e)).encode())
+    os._exit(125)
+os.write(status_fd, b"ok")
+os.close(status_fd)
+parent = os.getpid()
+child = os.fork()
+if child == 0:
+    try:
+        for name, (soft, hard) in spec["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        if spec["cpus"]:
+            os.sched_setaffinity(0, spec["cpus"])
+        os.setgid(spec["gid"])
+        os.setuid(spec["uid"])
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (after setuid, which clears it)
+        if os.getppid() != parent and os.getppid() != 0:
+            os._exit(137)
+        os.execvpe(argv[0], argv, spec["env"])
+    except FileNotFoundError:
+        os.write(2, ("%s: command not found\n" % argv[0]).encode())
+        os._exit(127)
+    except OSError as e:
+        os.write(2, ("cannot run %s: %s\n" % (argv[0], e)).encode())
+        os._exit(126)
+while True:
+    try:
+        _, status = os.waitpid(child, 0)
+        break
+    except InterruptedError:
+        continue
+if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+# Write files into the workspace from a JSON object {relative path: text} on stdin; never follows a symlink.
+WRITE_SOURCE = r"""
+import json, os, sys
+files = json.loads(sys.stdin.buffer.read())
+root = os.path.realpath(os.getcwd())
+for rel, text in files.items():
+    path = os.path.normpath(os.path.join(root, rel))
+    if not path.startswith(root + os.sep):
+        print(f"refusing path outside the workspace: {rel!r}", file=sys.stderr); sys.exit(2)
+    parent = os.path.dirname(path)
+    if os.path.realpath(parent) != parent:
+        print(f"refusing path through a symlink: {rel!r}", file=sys.stderr); sys.exit(2)
+    os.makedirs(parent, exist_ok=True)
+    try: os.unlink(path)
+    except FileNotFoundError: pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
+"""
+
+
+def _host_python() -> str:
+    """The python3 under /usr: bound read-only into the sandbox and used to enter it."""
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(cand, os.X_OK):
+            return cand
+    raise SandboxUnavailable("no python3 under /usr/bin or /usr/local/bin (the local sandbox binds /usr); "
+                             "fix: apt-get install python3-minimal")
+
+
+def _memfd(name: str, text: str) -> int:
+    fd = os.memfd_create(name, 0)
+    os.write(fd, text.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _root_binds() -> list[str]:
+    """Read-only binds for /usr and friends; /lib, /bin... become links where the host has merged /usr."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = Path("/") / top
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), f"/{top}"]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), f"/{top}"]
+    for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    return args
+
+
+def _memory_error(stderr: bytes | bytearray) -> bool:
+    """Whether a program's stderr ends with Python's MemoryError (how RLIMIT_AS shows in a python process)."""
+    lines = stderr.rstrip().splitlines()
+    return bool(lines) and lines[-1].startswith(b"MemoryError")
+
+
+def _fork_failed(stderr: bytes | bytearray | str) -> bool:
+    """Whether stderr ends with a failed fork: Python's BlockingIOError (EAGAIN) or a shell's fork message."""
+    text = bytes(stderr).decode("utf-8", "replace") if not isinstance(stderr, str) else stderr
+    tail = "\n".join(text.rstrip().splitlines()[-3:])
+    return ("BlockingIOError: [Errno 11]" in tail or "fork: Resource temporarily unavailable" in tail
+            or "Cannot fork" in tail or "fork: retry" in tail)
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalSandbox:
+    """One episode's bubblewrap sandbox. Thread-safe: calls are serialised."""
+
+    backend = "local"
+    image: str | None = None
+
+    def __init__(self, owner: LocalBackend, index: int):
+        self.config = owner.config
+        self._owner = owner
+        self._lock = threading.RLock()
+        self._interp: InterpreterClient | None = None
+        self._interp_proc: subprocess.Popen | None = None
+        self._interp_status = -1
+        self._note: str | None = None
+        self.closed = False
+        cores = sorted(os.sched_getaffinity(0))
+        n = min(len(cores), max(1, math.ceil(self.config.cpus)))
+        self._cpus = [cores[(index * n + i) % len(cores)] for i in range(n)]
+        self._start()
+        if owner.prestart_interpreter:
+            try:
+                self._start_interpreter()
+            except (OSError, SandboxError) as e:  # run_python retries the start and reports infra_error then
+                log.warning("local sandbox: prestarting the interpreter failed: %s", e)
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        cfg, o = self.config, self._owner
+        size = str(cfg.tmpfs_mb * 1024 * 1024)
+        passwd, group = _memfd("passwd", PASSWD), _memfd("group", GROUP)
+        info_r, info_w = os.pipe()
+        args = [
+            o.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--new-session",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+            *_root_binds(),
+            "--ro-bind-data", str(passwd), "/etc/passwd", "--ro-bind-data", str(group), "/etc/group",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp",
+            "--size", size, "--tmpfs", WORKDIR,
+            "--remount-ro", "/dev", "--remount-ro", "/",
+            "--chdir", WORKDIR, "--clearenv", *[x for k, v in SANDBOX_ENV.items() for x in ("--setenv", k, v)],
+            "--info-fd", str(info_w),
+            "--", o.python, "-S", "-c", HOLDER_SOURCE, MARKER,
+        ]
+        try:
+            self._holder = subprocess.Popen(
+                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(passwd, group, info_w), start_new_session=True, **o.host_user)
+        except OSError as e:
+            os.close(info_r)
+            raise SandboxUnavailable(f"cannot run {o.bwrap}: {e}; fix: apt-get install bubblewrap") from e
+        finally:
+            for fd in (passwd, group, info_w):
+                os.close(fd)
+        try:
+            self._await_holder(info_r)
+        except BaseException:
+            if self._holder.poll() is None:
+                self._holder.kill()
+                self._holder.wait()
+            raise
+        self._holder.stdout.close()
+        self._holder.stderr.close()
+
+    def _await_holder(self, info_r: int) -> None:
+        """Wait for PID 1's ready byte and read bwrap's info (the holder's host pid)."""
+        assert self._holder.stdout is not None and self._holder.stderr is not None
+        try:
+            ready, _, _ = select.select([self._holder.stdout], [], [], START_TIMEOUT_S)
+            got = os.read(self._holder.stdout.fileno(), 1) if ready else b""
+            if got != b"R":
+                self._holder.kill()
+                err = self._holder.stderr.read().decode(errors="replace").strip()
+                self._holder.wait()
+                raise SandboxUnavailable(
+                    f"bubblewrap did not start a sandbox (exit {self._holder.returncode}): {err or 'no output'}; "
+                    "fix: allow unprivileged user namespaces (sysctl user.max_user_namespaces=15000 and, on "
+                    "Debian/Ubuntu, kernel.unprivileged_userns_clone=1 or the AppArmor userns restriction off)")
+            info = b""
+            while chunk := os.read(info_r, 4096):
+                info += chunk
+        finally:
+            os.close(info_r)
+        try:
+            self.holder_pid = int(json.loads(info)["child-pid"])
+            self._holder_fd = os.pidfd_open(self.holder_pid)  # signals reach this process, never a reused pid
+            self._pidns = os.readlink(f"/proc/{self.holder_pid}/ns/pid")
+        except (ValueError, KeyError, OSError) as e:
+            raise SandboxError(f"bubblewrap gave no usable sandbox pid ({e}): {info[:200]!r}") from e
+
+    def _spec(self, exec_call: bool, timeout_s: float) -> str:
+        mb = 1024 * 1024
+        cfg = self.config
+        rlimits: dict[str, tuple[int, int]] = {
+            "RLIMIT_AS": (cfg.memory_mb * mb, cfg.memory_mb * mb),
+            "RLIMIT_NPROC": (cfg.pids_limit, cfg.pids_limit),
+            # above the tmpfs size, so a full disk reads ENOSPC as on Docker; it still caps any file
+            "RLIMIT_FSIZE": ((cfg.tmpfs_mb + 1) * mb, (cfg.tmpfs_mb + 1) * mb),
+            "RLIMIT_CORE": (0, 0),
+            "RLIMIT_NOFILE": (1024, 1024),
+        }
+        if exec_call:
+            cpu = math.ceil(timeout_s * max(1.0, cfg.cpus)) + 1
+            rlimits["RLIMIT_CPU"] = (cpu, cpu + 1)
+        return json.dumps({"rlimits": rlimits, "cpus": self._cpus, "uid": SANDBOX_UID, "gid": SANDBOX_UID,
+                           "env": SANDBOX_ENV, "cwd": WORKDIR, "pidns": self._pidns})
+
+    def _enter(self, argv: list[str], *, exec_call: bool, timeout_s: float,
+               stdin: bool) -> tuple[subprocess.Popen, int]:
+        """Start argv inside the sandbox; returns the helper process and the read end of its status pipe."""
+        if self._holder.poll() is not None:
+            raise SandboxError(f"the sandbox's PID 1 is gone (bwrap exit {self._holder.returncode})")
+        status_r, status_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [self._owner.python, "-S", "-c", ENTER_SOURCE, str(self.holder_pid), str(status_w),
+                 self._spec(exec_call, timeout_s), *argv],
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True, env={},
+                **self._owner.enter_user)
+        except OSError:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        return proc, status_r
+
+    @staticmethod
+    def _entered(status_r: int) -> str | None:
+        """None once the helper said it is inside; else the helper's error text."""
+        try:
+            data = b""
+            while chunk := os.read(status_r, 4096):
+                data += chunk
+        finally:
+            os.close(status_r)
+        return None if data == b"ok" else (data.decode(errors="replace") or "the enter helper died")
+
+    def _kill_strays(self, keep: set[int]) -> int:
+        """SIGKILL every process of this sandbox except PID 1 and the host pids in `keep`; returns how many."""
+        killed: set[int] = set()
+        for _ in range(3):  # a fork racing the scan is caught by the next pass
+            for pid in self.processes():
+                if pid in keep or pid == self.holder_pid:
+                    continue
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except OSError:
+                    continue
+        return len(killed)
+
+    def _children_of(self, helper_pid: int) -> list[int]:
+        """Host pids of the sandbox processes whose parent is the given enter helper."""
+        found = []
+        for pid in self.processes():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == helper_pid:
+                found.append(pid)
+        return found
+
+    def _interp_keep(self) -> set[int]:
+        """Host pids of the interpreter's helper and of the interpreter itself (spared by _kill_strays)."""
+        p = self._interp_proc
+        if p is None or p.poll() is not None:
+            return set()
+        return {p.pid, *self._children_of(p.pid)}
+
+    @staticmethod
+    def _reap_helper(proc: subprocess.Popen) -> int | None:
+        """Wait for an enter helper whose command was killed inside the sandbox; kill it only as a last resort.
+
+        The helper must outlive its child: killed first, it would leave the child to be reparented to the host's
+        init (the helper is outside the sandbox's pid namespace), where it may linger as a zombie and hold the
+        namespace's teardown for seconds.
+        """
+        try:
+            return proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            _killpg(proc)
+            return proc.wait()
+
+    def processes(self) -> list[int]:
+        """Host pids of every process in this sandbox (PID 1 included); empty once closed."""
+        found = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    if os.readlink(f"/proc/{d}/ns/pid") == self._pidns:
+                        found.append(int(d))
+                except OSError:
+                    continue
+        return found
+
+    def alive(self) -> bool:
+        """Whether the sandbox's PID 1 is still running (and close() was not called)."""
+        return not self.closed and self._holder.poll() is None
+
+    def _tasks(self) -> int:
+        """Threads of all processes in the sandbox (what RLIMIT_NPROC counts), read from the sandbox's own /proc."""
+        proc = f"/proc/{self.holder_pid}/root/proc"
+        n = 0
+        try:
+            names = os.listdir(proc)
+        except OSError:
+            return 0
+        for d in names:
+            if d.isdigit():
+                try:
+                    n += len(os.listdir(f"{proc}/{d}/task"))
+                except OSError:
+                    continue
+        return n
+
+    def _pids_hit(self, stderr: bytes | bytearray | str = b"") -> bool:
+        """Whether the call hit the sandbox's pids limit: its stderr ends with a failed fork (EAGAIN, which
+        RLIMIT_NPROC gives), or it left the sandbox near the limit (a fork bomb holding its processes).
+
+        A normal call leaves a handful of tasks and costs one small /proc listing. When more than half the limit
+        is in use, forks may still be in flight: wait (at most 0.3 s) for the count to settle before judging.
+        """
+        if _fork_failed(stderr):
+            return True
+        limit = self.config.pids_limit
+        near = limit - max(2, limit // 10)  # processes that failed their fork exit and free a few pids
+        n = self._tasks()
+        end = time.monotonic() + 0.3
+        while limit // 2 < n < near and time.monotonic() < end:
+            time.sleep(0.02)
+            m = self._tasks()
+            if m == n:
+                break
+            n = m
+        return n >= near
+
+    def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
+        log.warning("local sandbox %s: %s", what, e)
+        return ExecResult(exit_code=None, verdict="infra_error", error=f"{what}: {type(e).__name__}: {e}",
+                          duration_ms=(time.perf_counter() - t0) * 1000)
+
+    # -- exec ----------------------------------------------------------------------------------------------------
+    def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None) -> ExecResult:
+        """Run argv (no shell) in the sandbox as user nobody in /workspace, with the call's limits."""
+        if not argv:
+            raise ValueError("exec needs a non-empty argv")
+        with self._lock:
+            return self._exec([str(a) for a in argv], timeout_s or self.config.timeout_s, stdin)
+
+    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None) -> ExecResult:
+        t0 = time.perf_counter()
+        if self.closed:
+            return self._infra("exec", SandboxError("sandbox already closed"), t0)
+        # Under `timeout -s KILL`, as on Docker: a second clock inside, and the same exit codes (a command killed
+        # from inside the sandbox, e.g. by `kill -9 -1`, reads as its parent killed: an error).
+        wrapped = ["timeout", "-s", "KILL", f"{timeout_s + GRACE_S:.3f}", *argv]
+        try:
+            proc, status_r = self._enter(wrapped, exec_call=True, timeout_s=timeout_s, stdin=stdin is not None)
+        except (OSError, SandboxError) as e:
+            return self._infra("starting the command failed", e, t0)
+        limit = self.config.output_limit_bytes
+        flood_at = max(MIN_FLOOD_BYTES, 8 * limit)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc_err = proc.stderr.fileno()
+        bufs = {proc.stdout.fileno(): bytearray(), proc_err: bytearray()}
+        seen = dict.fromkeys(bufs, 0)
+        open_fds = set(bufs)
+        for fd in bufs:
+            os.set_blocking(fd, False)
+        pending = memoryview(stdin or b"")
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            if not pending:
+                proc.stdin.close()
+
+        def drain(fd: int) -> None:
+            while True:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    return
+                if not data:
+                    open_fds.discard(fd)
+                    return
+                room = limit - len(bufs[fd])
+                if room > 0:
+                    bufs[fd] += data[:room]
+                seen[fd] += len(data)
+
+        pidfd = os.pidfd_open(proc.pid)
+        deadline = time.monotonic() + timeout_s
+        timed_out = flooded = False
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                writing = proc.stdin is not None and not proc.stdin.closed
+                r, w, _ = select.select([*open_fds, pidfd], [proc.stdin] if writing else [], [], left)
+                for fd in r:
+                    if fd != pidfd:
+                        drain(fd)
+                if w and proc.stdin is not None:
+                    try:
+                        n = os.write(proc.stdin.fileno(), pending[: 1 << 16])
+                        pending = pending[n:]
+                    except BlockingIOError:
+                        pass
+                    except BrokenPipeError:
+                        pending = memoryview(b"")
+                    if not pending:
+                        proc.stdin.close()
+                if max(seen.values()) > flood_at:
+                    flooded = True
+                    break
+                if pidfd in r:
+                    break
+        finally:
+            os.close(pidfd)
+        notes = []
+        pids = self._pids_hit(bufs[proc_err])
+        if timed_out or flooded or pids:
+            n = self._kill_strays(keep=self._interp_keep())
+            if n:
+                notes.append(f"[sandbox] killed {n} process(es) the call left behind")
+        self._reap_helper(proc)
+        for fd in list(open_fds):
+            drain(fd)
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None and not f.closed:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        entry_error = self._entered(status_r)
+        if entry_error is not None:
+            return self._infra("entering the sandbox failed", SandboxError(entry_error), t0)
+        elapsed = time.perf_counter() - t0
+        code = proc.returncode
+        truncated = any(n > limit for n in seen.values())
+        if flooded:
+            verdict = "resource_limit"
+            notes.append(f"[sandbox] output flood (> {flood_at} bytes): killed")
+        elif pids:
+            verdict = "resource_limit"
+            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
+        elif timed_out:
+            verdict = "timeout"
+        elif code == 0:
+            verdict = "ok"
+        elif code is not None and -code in (signal.SIGXCPU, signal.SIGXFSZ):
+            verdict = "resource_limit"
+            notes.append(f"[sandbox] killed by {signal.Signals(-code).name} (a resource limit)")
+        elif _memory_error(bufs[proc_err]):
+            verdict = "resource_limit"
+            notes.append(f"[sandbox] the memory limit ({self.config.memory_mb} MB per process) was reached")
+        else:
+            verdict = "error"
+        out, err = (bytes(b).decode("utf-8", "replace") for b in bufs.values())
+        if notes:
+            err += ("\n" if err else "") + "\n".join(notes)
+        return ExecResult(exit_code=None if (timed_out or flooded) else code, stdout=out, stderr=err,
+                          timed_out=timed_out, truncated=truncated or flooded, duration_ms=elapsed * 1000,
+                          verdict=verdict)
+
+    # -- run_python ----------------------------------------------------------------------------------------------
+    def _start_interpreter(self) -> None:
+        proc, status_r = self._enter([self._owner.python, "-u", "-c", self._owner.interpreter_source],
+                                     exec_call=False, timeout_s=0, stdin=True)
+        self._interp_proc, self._interp_status = proc, status_r
+
+        def kill() -> int | None:
+            for pid in self._children_of(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return self._reap_helper(proc)
+
+        self._interp = InterpreterClient(proc.stdin, proc.stdout, kill, grace_s=GRACE_S)
+
+    def _drop_interpreter(self) -> None:
+        if self._interp is not None:
+            self._interp.close()
+        if self._interp_proc is not None:
+            for f in (self._interp_proc.stdout, self._interp_proc.stderr):
+                if f is not None:
+                    f.close()
+        if self._interp_status >= 0:
+            os.close(self._interp_status)
+            self._interp_status = -1
+        self._interp = self._interp_proc = None
+
+    def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
+        """Run code in this episode's persistent interpreter (globals kept across calls, like a notebook)."""
+        with self._lock:
+            return self._run_python(code, timeout_s or self.config.timeout_s)
+
+    def _run_python(self, code: str, timeout_s: float) -> ExecResult:
+        t0 = time.perf_counter()
+        if self.closed:
+            return self._infra("run_python", SandboxError("sandbox already closed"), t0)
+        try:
+            if self._interp is None:
+                self._start_interpreter()
+            assert self._interp is not None
+            self._interp.wait_ready()
+        except (OSError, SandboxError, InterpreterError) as e:
+            detail = ""
+            p = self._interp_proc
+            if p is not None and p.stderr is not None:
+                try:
+                    os.set_blocking(p.stderr.fileno(), False)
+                    detail = (p.stderr.read() or b"").decode(errors="replace")[-500:]
+                except (OSError, ValueError):
+                    pass
+            self._drop_interpreter()
+            return self._infra("starting the interpreter failed", SandboxError(f"{e} {detail}".strip()), t0)
+        raw = self._interp.call_raw(code, timeout_s, self.config.output_limit_bytes)
+        if raw["died"] and not self.alive():
+            self._drop_interpreter()
+            return self._infra("run_python", SandboxError("the sandbox's PID 1 died during the call"), t0)
+        fields = exec_fields(raw)
+        notes = [self._note] if self._note else []
+        self._note = None
+        pids = self._pids_hit(raw["error"] or "")
+        if raw["timed_out"] or raw["died"] or pids:
+            n = self._kill_strays(keep=self._interp_keep())
+            if n:
+                notes.append(f"[sandbox] killed {n} process(es) the call left behind")
+        if pids:
+            fields["verdict"] = "resource_limit"
+            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
+        if raw["died"]:
+            self._drop_interpreter()
+            self._note = "[sandbox] a fresh interpreter started: variables from earlier calls are gone, files are kept"
+        if notes:
+            fields["stderr"] = "\n".join(notes) + ("\n" + fields["stderr"] if fields["stderr"] else "")
+        fields["duration_ms"] = (time.perf_counter() - t0) * 1000
+        return ExecResult(**fields)
+
+    # -- files and close -----------------------------------------------------------------------------------------
+    def write_files(self, files: dict[str, str]) -> None:
+        """Write text files under /workspace (relative paths; parents created; symlinks replaced, never followed)."""
+        if not files:
+            return
+        res = self.exec([self._owner.python, "-c", WRITE_SOURCE], timeout_s=max(self.config.timeout_s, 10.0),
+                        stdin=json.dumps(files).encode())
+        if res.verdict != "ok":
+            raise SandboxError(f"writing {len(files)} file(s) into the sandbox failed ({res.verdict}): "
+                               f"{(res.error or res.stderr)[-500:]}")
+
+    def close(self) -> None:
+        """Kill every process of the sandbox and free its tmpfs; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:  # first kill PID 1 (the kernel then kills the whole sandbox), so that a call in flight returns now
+            signal.pidfd_send_signal(self._holder_fd, signal.SIGKILL)
+        except OSError:
+            pass
+        with self._lock:
+            os.close(self._holder_fd)
+            try:
+                self._holder.stdin.close()
+            except OSError:
+                pass
+            # Wait for PID 1 before killing the interpreter's helper: killed first, the helper would orphan the
+            # interpreter inside the dying namespace, and its teardown then takes seconds instead of milliseconds.
+            try:
+                self._holder.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _killpg(self._holder)
+                self._holder.wait()
+            self._drop_interpreter()
+            self._owner._release(self)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalBackend:
+    """Sandboxes from bubblewrap on this host, `pool_size` of them started ahead by a background thread so that
+    `acquire()` hands out a fresh one at once (never reused: each episode gets a sandbox nobody touched before)."""
+
+    name = "local"
+
+    def __init__(self, config: SandboxConfig | None = None, *, pool_size: int = 2, prestart_interpreter: bool = True,
+                 host_uid: int = SANDBOX_UID):
+        self.config = config or SandboxConfig(backend="local")
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise SandboxUnavailable("bubblewrap (bwrap) is not installed; fix: apt-get install bubblewrap "
+                                     "(or use --backend docker)")
+        self.bwrap = bwrap
+        self.python = _host_python()
+        if not any(os.access(f"{d}/timeout", os.X_OK) for d in ("/usr/bin", "/bin")):
+            raise SandboxUnavailable("coreutils `timeout` is missing from /usr/bin; fix: apt-get install coreutils")
+        self.interpreter_source = interpreter_source()
+        self.prestart_interpreter = prestart_interpreter
+        # As root, sandboxes run as an unprivileged host user: RLIMIT_NPROC is not enforced for host root, and a
+        # sandbox mapped to host root would own root's files. Entering stays root (then drops to nobody inside).
+        if os.geteuid() == 0:
+            self.host_user: dict[str, Any] = {"user": host_uid, "group": host_uid, "extra_groups": []}
+            self.enter_user: dict[str, Any] = {"extra_groups": []}
+        else:
+            self.host_user, self.enter_user = {}, {}
+        self._live: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
+        self._ready: list[LocalSandbox] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._count = 0
+        self._closed = False
+        self.pool_size = max(0, pool_size)
+        self._new().close()  # fail now, naming the fix, when bubblewrap cannot make a sandbox on this host
+        if self.pool_size:
+            threading.Thread(target=self._fill_loop, name="local-sandbox-pool", daemon=True).start()
+
+    def _new(self) -> LocalSandbox:
+        with self._lock:
+            self._count += 1
+            index = self._count
+        return LocalSandbox(self, index)
+
+    def _fill_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                short = len(self._ready) < self.pool_size
+            if not short:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                sb = self._new()
+            except SandboxError as e:
+                log.warning("local sandbox pool: starting a sandbox failed (%s); retrying in %.1f s", e, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            with self._lock:
+                if not self._closed:
+                    self._ready.append(sb)
+                    continue
+            sb.close()
+            return
+
+    def acquire(self) -> LocalSandbox:
+        """A fresh sandbox for one episode (new namespaces and tmpfs: nothing of an earlier episode). Caller closes.
+
+        Raises SandboxError when the backend is shut down or a sandbox cannot start (infrastructure, not the
+        program)."""
+        sb = None
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the local backend is shut down; create a new LocalBackend")
+            while self._ready and sb is None:
+                cand = self._ready.pop(0)
+                if cand.alive():
+                    sb = cand
+                else:
+                    cand.close()
+        self._wake.set()
+        if sb is None:
+            sb = self._new()
+        with self._lock:
+            self._live.add(sb)
+        return sb
+
+    def _release(self, sb: LocalSandbox) -> None:
+        with self._lock:
+            self._live.discard(sb)
+
+    def shutdown(self) -> None:
+        """Close every sandbox this backend handed out or holds ready; later acquire() raises SandboxError."""
+        with self._lock:
+            self._closed = True
+            boxes = [*self._ready, *self._live]
+            self._ready.clear()
+        self._wake.set()
+        for sb in boxes:
+            sb.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

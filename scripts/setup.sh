@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Sets up everything flywheel needs on a fresh Debian/Ubuntu machine, idempotently:
+# system packages (Docker engine, debootstrap, bubblewrap), a running dockerd, a virtualenv in .venv with the CPU
+# build of torch installed first, the project (editable, with dev extras), and the sandbox image.
+# GPU users: install your CUDA build of torch into .venv before running this (it is kept).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+if [ "${FLYWHEEL_BROWSER_TESTS:-0}" = "1" ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing system packages: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  log "starting dockerd"
+  $SUDO sh -c 'nohup dockerd >/var/log/flywheel-dockerd.log 2>&1 &'
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "error: dockerd did not start; see /var/log/flywheel-dockerd.log" >&2; exit 1; }
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  $PY -m venv .venv
+fi
+if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
+  log "installing torch==2.13.0 (CPU build) first"
+  .venv/bin/pip install -q torch==2.13.0
+fi
+if ! .venv/bin/python -c 'import flows.cli, trl, prefect, duckdb' >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.flywheel-installed ]; then
+  log "installing flywheel and its dependencies"
+  .venv/bin/pip install -q -e '.[dev]'
+  touch .venv/.flywheel-installed
+fi
+
+log "building the sandbox image (reused when present)"
+.venv/bin/flywheel sandbox build-image
+log "ready"

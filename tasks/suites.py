@@ -1,0 +1,92 @@
+"""The registry of built-in procedural suites: `load_suite(name, n, split, seed, difficulty)`, `list_suites()` and
+the preflight `check_suite(name)`.
+
+Each suite is a deterministic generator `generate(n, *, split, seed, difficulty) -> list[Task]` in its own module.
+An unknown suite name is an UnknownSuiteError naming the known ones. A name that is the path of an existing task
+file is read with tasks/loaders.py (which holds the parsing and validation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import BaseModel, Field
+
+from tasks import arithmetic, code, mathword
+from tasks.spec import Task
+
+
+class SuiteInfo(BaseModel):
+    name: str
+    description: str
+    difficulties: list[int] = Field(default_factory=lambda: [1, 2, 3])
+    splits: list[str] = Field(default_factory=lambda: ["train", "heldout"])
+    tools: list[str]
+    verifier: str
+    version: str
+
+
+class UnknownSuiteError(ValueError):
+    """A suite name that is not built in."""
+
+
+_GENERATORS: dict[str, Callable[..., list[Task]]] = {
+    "arithmetic": arithmetic.generate, "code": code.generate, "mathword": mathword.generate}
+_INFO = {
+    "arithmetic": SuiteInfo(name="arithmetic", description="Short arithmetic word problems; python tool; "
+                            "'Answer: N'.", tools=["python"], verifier="numeric", version=arithmetic.VERSION),
+    "code": SuiteInfo(name="code", description="Write or fix one function in solution.py; visible tests in the "
+                      "workspace, hidden tests in the verifier's fresh sandbox.", tools=code.CODE_TOOLS,
+                      verifier="unit_tests", version=code.VERSION),
+    "mathword": SuiteInfo(name="mathword", description="Multi-step math word problems solved with the python tool "
+                          "(ReTool-style); numeric answers.", tools=["python"], verifier="numeric",
+                          version=mathword.VERSION),
+}
+
+
+def list_suites() -> list[SuiteInfo]:
+    return [_INFO[n] for n in sorted(_GENERATORS)]
+
+
+def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficulty: int = 1) -> list[Task]:
+    """n tasks of a built-in suite, deterministic from (split, seed, difficulty).
+
+    `name` may also be the path of a task file (tasks/loaders.py): then the first n tasks of the given split, in
+    file order (seed and difficulty do not apply), and a ValueError when the file holds fewer than n of them.
+    """
+    if _is_file(name):
+        from tasks.loaders import load_tasks
+
+        found = [t for t in load_tasks(name, split=split) if t.split == split]
+        if len(found) < n:
+            raise ValueError(f"{name} holds {len(found)} {split} task(s); asked for {n}: ask for fewer")
+        return found[:n]
+    try:
+        gen = _GENERATORS[name]
+    except KeyError:
+        raise UnknownSuiteError(f"unknown suite {name!r}; built-in suites: {', '.join(sorted(_GENERATORS))} "
+                                "(or load a task file with tasks.loaders.load_tasks)") from None
+    if n < 0:
+        raise ValueError(f"n must be >= 0, not {n}")
+    return gen(n, split=split, seed=seed, difficulty=difficulty)
+
+
+_FILE_SUFFIXES = (".jsonl", ".parquet", ".json")
+
+
+def _is_file(name: str) -> bool:
+    from pathlib import Path
+
+    return name.endswith(_FILE_SUFFIXES) and Path(name).exists()
+
+
+def check_suite(name: str) -> None:
+    """Preflight: raise UnknownSuiteError (built-in names) or TaskFileError (task files) before anything runs."""
+    if _is_file(name):
+        from tasks.loaders import load_tasks
+
+        load_tasks(name)
+        return
+    if name not in _GENERATORS:
+        raise UnknownSuiteError(f"unknown suite {name!r}; built-in suites: {', '.join(sorted(_GENERATORS))}, "
+                                "or the path of an existing task file (.jsonl, .parquet, .json)")

@@ -1,0 +1,285 @@
+"""The unit-test harness that runs INSIDE a sandbox (standard library only; sent as `python3 -I -c SOURCE`).
+
+It reads one JSON request on stdin and prints one line `__FLYWHEEL_TESTS__ {json}` carrying the request's token.
+The harness itself never imports the agent's code. It starts one worker interpreter that imports the code under
+test once, then forks one process per test (own process group, wall-clock limit, killed as a group afterwards), so
+a crash, exit or hang of one test cannot report for another, and no test pays an interpreter start. A test reports
+through a private pipe, exactly once; the worker reports how each test process ended. No report, two reports, a
+SystemExit or a changed `builtins` are recorded as events and never count as a pass.
+
+Modes:
+- payload: `files` are written to a fresh temp folder and each `tests[i].code` snippet runs in a copy of the
+  namespace of module `module` (the verifier's mode: pristine tests, the agent's solution files only).
+- workspace: `test_*.py` files in the current folder are parsed (not imported) for top-level `test_*` functions and
+  each function runs in its own test process (the agent's `run_tests` tool; a file that does not parse is one
+  failing test).
+This module does not decide rewards; tasks/verify.py reads its output fail-closed.
+"""
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MARKER = "__FLYWHEEL_TESTS__"
+
+WORKER = r'''
+import builtins, importlib, json, os, signal, sys, time, traceback
+_workdir, _fd = sys.argv[1], int(sys.argv[2])
+_req = json.loads(sys.stdin.read())
+_missing = object()
+_before = dict(vars(builtins))
+_events = []
+
+
+def _report(index, kind, _tok=_req.pop("token"), **fields):
+    line = json.dumps(dict(fields, token=_tok, index=index, kind=kind)) + "\n"
+    os.write(_fd, line.encode())
+
+
+def _patched():
+    now = vars(builtins)
+    changed = sorted(k for k in set(_before) | set(now) if _before.get(k, _missing) is not now.get(k, _missing))
+    return ["builtins_patched:" + ",".join(changed[:10])] if changed else []
+
+
+def _tb(e):
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))[-600:]
+
+
+os.chdir(_workdir)
+sys.path.insert(0, _workdir)
+_tests = _req["tests"]
+_modules = {}
+for _name in sorted({t["module"] for t in _tests}):
+    try:
+        _modules[_name] = importlib.import_module(_name)
+    except SystemExit as e:
+        _modules[_name] = ("SystemExit(%r) raised while importing %s" % (e.code, _name), ["system_exit"])
+    except BaseException as e:
+        _modules[_name] = ("importing %s failed: %s" % (_name, _tb(e)), [])
+_report(-1, "ready")
+for _i, _t in enumerate(_tests):
+    _mod = _modules[_t["module"]]
+    if isinstance(_mod, tuple):
+        _report(_i, "result", status="error", error=_mod[0], events=_mod[1] + _patched())
+        _report(_i, "exit", returncode=0, timed_out=False)
+        continue
+    _pid = os.fork()
+    if _pid == 0:
+        try:
+            os.setpgid(0, 0)
+            if _t["kind"] == "snippet":
+                _ns = dict(vars(_mod))
+                _ns["__name__"] = "__flywheel_test__"
+                exec(compile(_t["code"], "<test " + _t["name"] + ">", "exec"), _ns)
+            else:
+                getattr(_mod, _t["func"])()
+        except SystemExit as e:
+            _report(_i, "result", status="fail", error="SystemExit(%r) raised during the test" % (e.code,),
+                    events=["system_exit"] + _patched())
+        except AssertionError as e:
+            _report(_i, "result", status="fail", error=_tb(e), events=_patched())
+        except BaseException as e:
+            _report(_i, "result", status="error", error=_tb(e), events=_patched())
+        else:
+            _report(_i, "result", status="pass", error=None, events=_patched())
+        os._exit(0)
+    try:
+        os.setpgid(_pid, _pid)
+    except OSError:
+        pass
+    _deadline = time.monotonic() + float(_req["timeout_s"])
+    _timed_out, _status, _sleep = False, None, 0.0005
+    while True:
+        _done, _status = os.waitpid(_pid, os.WNOHANG)
+        if _done:
+            break
+        if time.monotonic() > _deadline:
+            _timed_out = True
+            try:
+                os.killpg(_pid, signal.SIGKILL)
+            except OSError:
+                pass
+            _, _status = os.waitpid(_pid, 0)
+            break
+        time.sleep(_sleep)
+        _sleep = min(_sleep * 2, 0.01)
+    try:
+        os.killpg(_pid, signal.SIGKILL)  # whatever the test left running
+    except OSError:
+        pass
+    _rc = -os.WTERMSIG(_status) if os.WIFSIGNALED(_status) else os.WEXITSTATUS(_status)
+    _report(_i, "exit", returncode=_rc, timed_out=_timed_out)
+os._exit(0)
+'''
+
+SIGNALS = {getattr(signal, n): n for n in ("SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGALRM", "SIGHUP",
+                                            "SIGUSR1", "SIGUSR2", "SIGKILL", "SIGSEGV", "SIGBUS", "SIGFPE")
+           if hasattr(signal, n)}
+
+
+def _drain(fd, proc, deadline, ready_deadline, token):
+    """Everything written to fd until every writer closed it, the worker exited, or a deadline passed.
+
+    The worker must say `ready` (the code under test imported) before ready_deadline. Returns (text, why_stopped)
+    where why_stopped is None, "import_timeout" or "timeout".
+    """
+    chunks = []
+    total = 0
+    ready = False
+    ready_probe = '"token": %s, "index": -1, "kind": "ready"' % json.dumps(token)
+    os.set_blocking(fd, False)
+    why = None
+    while total < 4 * 1024 * 1024:
+        try:
+            b = os.read(fd, 65536)
+        except BlockingIOError:
+            now = time.monotonic()
+            if not ready and now > ready_deadline:
+                why = "import_timeout"
+                break
+            if now > deadline:
+                why = "timeout"
+                break
+            if proc.poll() is not None:
+                try:
+                    b = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not b:
+                    break
+            else:
+                time.sleep(0.002)
+                continue
+        if not b:
+            break
+        chunks.append(b)
+        total += len(b)
+        if not ready and ready_probe in b"".join(chunks).decode("utf-8", "replace"):
+            ready = True
+    os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace"), why
+
+
+def run_tests(workdir, tests, token, timeout_s):
+    """tests: [{"name", "kind": "snippet"|"function", "module", "code"|"func"}] -> one result dict per test."""
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-I", "-c", WORKER, workdir, str(w)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,),
+                            start_new_session=True, cwd=workdir)
+    os.close(w)
+    try:
+        proc.stdin.write(json.dumps({"token": token, "tests": tests, "timeout_s": timeout_s}).encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    start = time.monotonic()
+    out, why = _drain(r, proc, start + timeout_s * (len(tests) + 1) + 5, start + timeout_s + 3, token)
+    worker_timed_out = why is not None
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    per = [{"results": [], "exits": []} for _ in tests]
+    for line in out.splitlines():
+        try:
+            rep = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rep, dict) or rep.get("token") != token:
+            continue
+        i = rep.get("index")
+        if isinstance(i, int) and 0 <= i < len(tests):
+            per[i]["results" if rep.get("kind") == "result" else "exits"].append(rep)
+    results = []
+    for t, p in zip(tests, per):
+        res = {"name": t["name"], "status": None, "error": None, "events": [], "returncode": None}
+        ex = p["exits"][-1] if p["exits"] else None
+        if ex is not None:
+            res["returncode"] = ex.get("returncode")
+        if len(p["results"]) > 1:
+            res.update(status="error", error="the test reported %d results; a test reports once" % len(p["results"]))
+            res["events"].append("result_forged")
+        elif ex is not None and ex.get("timed_out"):
+            res.update(status="timeout", error="the test ran past %.1f s" % timeout_s)
+        elif p["results"]:
+            rep = p["results"][0]
+            res.update(status=rep.get("status"), error=rep.get("error"))
+            res["events"].extend(str(e) for e in rep.get("events") or [])
+            if res["status"] not in ("pass", "fail", "error"):
+                res.update(status="error", error="unknown status %r" % (res["status"],))
+        elif ex is None:
+            how = ("importing the code under test ran past %.1f s" % (timeout_s + 3) if why == "import_timeout" else
+                   "the test harness worker ran past its time" if worker_timed_out else
+                   "the test harness worker ended (exit %s) before running it" % (proc.returncode,))
+            res.update(status="timeout" if worker_timed_out else "no_result", error=how)
+            if not worker_timed_out and (proc.returncode == 0 or (proc.returncode < 0 and
+                                                                   -proc.returncode != signal.SIGKILL)):
+                res["events"].append("process_exit:worker %s" % _describe(proc.returncode))
+        else:
+            rc = ex.get("returncode")
+            rc = rc if isinstance(rc, int) else 0
+            res.update(status="no_result", error="the test process %s before reporting a result" % _describe(rc))
+            if rc == 0 or (rc < 0 and -rc != signal.SIGKILL):
+                res["events"].append("process_exit:%s" % _describe(rc))
+        results.append(res)
+    return results
+
+
+def _describe(rc):
+    return ("killed by %s" % SIGNALS.get(-rc, "signal %d" % -rc)) if rc < 0 else "exited with code %d" % rc
+
+
+def discover(workdir):
+    """[(name, module, func) or (name, None, error)] for top-level test_* functions of test files in workdir."""
+    found = []
+    for fn in sorted(os.listdir(workdir)):
+        if not fn.endswith(".py") or not (fn.startswith("test_") or fn.endswith("_test.py")):
+            continue
+        try:
+            with open(os.path.join(workdir, fn), encoding="utf-8") as f:
+                tree = ast.parse(f.read(), filename=fn)
+        except (SyntaxError, UnicodeDecodeError, OSError) as e:
+            found.append((fn, None, "%s does not parse: %s" % (fn, e)))
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                found.append(("%s::%s" % (fn, node.name), fn[:-3], node.name))
+    return found
+
+
+def main():
+    req = json.loads(sys.stdin.read())
+    token = req["token"]
+    timeout_s = float(req.get("timeout_s", 5.0))
+    if req["mode"] == "payload":
+        workdir = tempfile.mkdtemp(prefix="fwtests-")
+        for rel, content in req["files"].items():
+            path = os.path.join(workdir, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(content)
+        tests = [{"name": t["name"], "kind": "snippet", "module": req["module"], "code": t["code"]}
+                 for t in req["tests"]]
+        results = run_tests(workdir, tests, token, timeout_s) if tests else []
+    else:
+        workdir = os.getcwd()
+        found = discover(workdir)
+        runnable = [{"name": n, "kind": "function", "module": m, "func": f} for n, m, f in found if m is not None]
+        ran = iter(run_tests(workdir, runnable, token, timeout_s) if runnable else [])
+        results = [next(ran) if m is not None else
+                   {"name": n, "status": "error", "error": f, "events": [], "returncode": None}
+                   for n, m, f in found]
+    n_tests = len(results)
+    sys.stdout.write(MARKER + " " + json.dumps({"token": token, "n_tests": n_tests, "results": results}) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Verifiers: judge a finished episode against its task and return an Outcome (verdict, reward, reason codes).
+
+- numeric: the number after 'Answer:' in the last assistant message, within the task's tolerance;
+- unit_tests: the agent's solution files (from the workspace snapshot the loop took, or rebuilt by replaying the
+  tool calls in a fresh sandbox) run against the task's pristine visible and hidden tests in another fresh sandbox;
+- llm_judge: an OpenAI-compatible judge, only for tasks with no answer and no tests (tasks/judge.py).
+Every verdict is fail-closed: no answer, no report, fewer results than tests, an empty test list or a harness crash
+is never a pass. Forensics (tasks/forensics.py) then runs on every episode: any finding makes the verdict `hack`
+and the reward 0, with the reason codes in `hack_flags`. Process terms (tasks/rewards.py) are logged in
+`reward_terms` apart from the outcome. Infrastructure failures raise VerifierUnavailable (the loop's infra_error).
+This module does not run episodes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from sandbox.result import Backend
+from tasks.forensics import FORENSICS_VERSION, hack_flags, inspect_episode
+from tasks.rewards import RewardConfig, combine, process_terms
+from tasks.spec import Task
+from tasks.tools import SNAPSHOT_TEXT_LIMIT, WorkspaceSnapshot
+from tasks.unittests import (
+    TestRun,
+    VerifierError,
+    VerifierUnavailable,
+    replay_workspace,
+    run_unit_tests,
+    solution_files,
+)
+from warehouse.record import Message
+
+__all__ = ["Outcome", "verify", "verify_numeric", "extract_answer", "numbers_match", "VerifierError",
+           "VerifierUnavailable", "VERIFIER_VERSIONS"]
+
+NUMERIC_VERIFIER_VERSION = "1"
+UNIT_TESTS_VERIFIER_VERSION = "1"
+VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
+                     "llm_judge": "1"}
+ANSWER_RE = re.compile(r"answer\s*[:=]\s*\$?\s*(-?[\d,]*\.?\d+(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+
+
+class Outcome(BaseModel):
+    verdict: str = Field(description="pass, fail or hack (the loop sets model_error/timeout/infra_error).")
+    reward: float
+    success: bool
+    answer: str | None = None
+    hack_flags: list[str] = Field(default_factory=list)
+    reward_terms: dict[str, float] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default_factory=dict)
+    verifier: str
+    verifier_version: str
+
+
+def extract_answer(messages: list[Message]) -> str | None:
+    """The number after 'Answer:' in the last assistant message, else None."""
+    for m in reversed(messages):
+        if m.role == "assistant" and m.content:
+            found = ANSWER_RE.findall(m.content)
+            return found[-1].replace(",", "") if found else None
+    return None
+
+
+def numbers_match(got: str, expected: str, tolerance: float) -> bool:
+    try:
+        g, e = float(got), float(expected)
+    except ValueError:
+        return False
+    if not (math.isfinite(g) and math.isfinite(e)):
+        return False
+    return abs(g - e) <= tolerance * max(1.0, abs(e))
+
+
+def verify_numeric(task: Task, messages: list[Message]) -> Outcome:
+    expected = task.verifier.answer
+    answer = extract_answer(messages)
+    details: dict[str, Any] = {"expected": expected, "got": answer}
+    ok = expected is not None and answer is not None and numbers_match(answer, expected, task.verifier.tolerance)
+    if expected is None:
+        details["error"] = "task has no expected answer"
+    return Outcome(verdict="pass" if ok else "fail", reward=1.0 if ok else 0.0, success=ok, answer=answer,
+                   details=details, verifier="numeric", verifier_version=NUMERIC_VERIFIER_VERSION)
+
+
+def _verify_unit_tests(task: Task, messages: list[Message], backend: Backend | None,
+                       workspace: WorkspaceSnapshot | None) -> tuple[Outcome, WorkspaceSnapshot | None, TestRun | None]:
+    if workspace is None:
+        if backend is None:
+            raise VerifierUnavailable(f"task {task.id} needs a sandbox backend to run its tests; pass backend=")
+        workspace = replay_workspace(task, messages, backend)
+        replayed = True
+    else:
+        replayed = False
+    details: dict[str, Any] = {"workspace_replayed": replayed}
+    run: TestRun | None = None
+    if workspace.error is not None:
+        details["error"] = f"no usable workspace: {workspace.error}"
+    elif backend is None:
+        raise VerifierUnavailable(f"task {task.id} needs a sandbox backend to run its tests; pass backend=")
+    elif (st := workspace.files.get(task.verifier.solution_path)) is not None and st.text is None:
+        details["error"] = (f"{task.verifier.solution_path} is not UTF-8 text of at most {SNAPSHOT_TEXT_LIMIT} "
+                            "bytes (or is a symlink); it cannot be tested")
+    else:
+        run = run_unit_tests(task, solution_files(task, workspace), backend)
+        details.update(run.counts())
+        details["tests"] = [r.model_dump() for r in run.results]
+        if run.harness_error:
+            details["error"] = run.harness_error
+    ok = run is not None and run.passed
+    return (Outcome(verdict="pass" if ok else "fail", reward=1.0 if ok else 0.0, success=ok, details=details,
+                    verifier="unit_tests", verifier_version=UNIT_TESTS_VERIFIER_VERSION), workspace, run)
+
+
+def verify(task: Task, messages: list[Message], *, backend: Backend | None = None,
+           workspace: WorkspaceSnapshot | None = None, rewards: RewardConfig | None = None,
+           judge_config: Any = None) -> Outcome:
+    """Judge an episode: outcome by task.verifier.kind, then forensics, then reward terms.
+
+    `workspace`: the snapshot the loop took with tasks.tools.workspace_snapshot before closing the episode's
+    sandbox (code tasks); without it the episode is replayed in a fresh sandbox from `backend`.
+    Raises VerifierUnavailable when the verifier needs infrastructure it cannot get (retry: infra_error).
+    """
+    kind = task.verifier.kind
+    run: TestRun | None = None
+    if kind == "numeric":
+        outcome = verify_numeric(task, messages)
+    elif kind == "unit_tests":
+        outcome, workspace, run = _verify_unit_tests(task, messages, backend, workspace)
+    elif kind == "llm_judge":
+        from tasks.judge import JUDGE_VERSION, JudgeConfig, judge
+
+        if not isinstance(judge_config, JudgeConfig):
+            raise VerifierUnavailable(f"task {task.id} is judged by an LLM; pass judge_config=JudgeConfig(...)")
+        jr = judge(task, messages, judge_config)
+        outcome = Outcome(verdict="pass" if jr.passed else "fail", reward=1.0 if jr.passed else 0.0,
+                          success=jr.passed, details={"judge_reply": jr.reply[-2000:], "error": jr.error},
+                          verifier="llm_judge", verifier_version=JUDGE_VERSION)
+    else:  # pragma: no cover - the spec's Literal forbids it
+        raise VerifierError(f"verifier kind {kind!r} is not implemented")
+    findings = inspect_episode(task, messages, workspace=workspace, tests=run)
+    flags = hack_flags(findings)
+    terms = process_terms(task, messages)
+    cfg = rewards or RewardConfig()
+    outcome.reward_terms = {"outcome": outcome.reward, **terms}
+    outcome.hack_flags = flags
+    outcome.details["forensics"] = [f.model_dump() for f in findings]
+    outcome.details["forensics_version"] = FORENSICS_VERSION
+    if workspace is not None and workspace.error is None:
+        outcome.details["workspace"] = {p: s.sha256 for p, s in workspace.files.items()}
+    if flags:
+        outcome.verdict, outcome.success = "hack", False
+    outcome.reward = combine(outcome.reward, terms, cfg, hack=bool(flags))
+    return outcome

@@ -1,0 +1,255 @@
+"""A fault-injecting OpenAI-compatible HTTP server on 127.0.0.1 -- a TEST DOUBLE for policy fault tests.
+
+It is a real HTTP/1.1 server (http.server, one thread per connection, keep-alive) that answers
+`POST /v1/chat/completions` and `GET /v1/models`. Its "model" is a scripted agent: for a task prompt it knows
+(`solutions`: prompt -> python code), it makes `tool_turns` python tool calls with that code, then answers
+"Answer: <last tool output>". Without a known prompt it answers "Answer: <direct[prompt]>" directly.
+
+The request's `model` field picks the behaviour, `NAME[:ARG[:ARG]]`; a fault applies to the first N attempts of each
+(conversation, turn) -- a conversation is keyed by its first user message, a turn by the number of assistant messages
+in the request -- so retries of the same request see the fault end:
+  ok                        normal answers
+  direct                    answer at once without tools ("Answer: " + direct[prompt])
+  ratelimit:N:SECONDS       429 with Retry-After: SECONDS
+  e500:N / e503:N           500 / 503 with a JSON error body
+  slow:N:SECONDS            sleep SECONDS before answering (past the client's timeout)
+  drop:N                    close the connection without an answer
+  always500                 500 forever
+  badjson                   a tool call whose arguments are not valid JSON
+  unknowntool               a tool call to a tool no task offers ("rm_rf")
+  context                   400 "maximum context length" (vLLM's wording)
+  reject401                 401 invalid API key
+  text                      the tool call as <tool_call>{...}</tool_call> text in content, no tool_calls field
+  logprobs                  normal answers plus logprobs (tokens "token_id:N") and choice token_ids
+  latency:SECONDS[:TURNS]   sleep SECONDS on every request; TURNS assistant turns per episode (TURNS-1 tool calls)
+Every request is recorded in `requests` (model, conversation, turn, attempt, what was done) for assertions.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+
+CONTEXT_MESSAGE = ("This model's maximum context length is 64 tokens. However, you requested 900 tokens "
+                   "(836 in the messages, 64 in the completion). Please reduce the length of the messages.")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+    allow_reuse_address = True
+
+
+class FaultServer:
+    """Start with `with FaultServer(solutions=...) as srv:`; `srv.base_url` ends in /v1."""
+
+    def __init__(self, solutions: dict[str, str] | None = None, direct: dict[str, str] | None = None,
+                 tool_turns: int = 1, models: list[str] | None = None) -> None:
+        self.solutions = dict(solutions or {})
+        self.direct = dict(direct or {})
+        self.tool_turns = tool_turns
+        self.models = models or ["ok"]
+        self.requests: list[dict[str, Any]] = []
+        self._attempts: dict[tuple[str, str, int], int] = {}
+        self._lock = threading.Lock()
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") == "/v1/stats":
+                    with owner._lock:
+                        by_model = dict(collections.Counter(r["model"] for r in owner.requests))
+                    self._json(200, {"requests": sum(by_model.values()), "by_model": by_model})
+                elif self.path.rstrip("/") == "/v1/models":
+                    self._json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in owner.models]})
+                else:
+                    self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}")
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    self._json(404, {"error": {"message": f"no route {self.path}"}})
+                    return
+                owner._handle(self, body)
+
+            def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(obj).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout): nothing to answer to
+
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    @property
+    def base_url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def count(self, model: str | None = None, action: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for r in self.requests
+                       if (model is None or r["model"] == model) and (action is None or r["action"] == action))
+
+    # -- behaviour
+    def _handle(self, h: Any, body: dict[str, Any]) -> None:
+        model = str(body.get("model", "ok"))
+        kind, *args = model.split(":")
+        messages = body.get("messages", [])
+        prompt = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+        conv = hashlib.sha256(prompt.encode()).hexdigest()[:12]
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        with self._lock:
+            key = (model, conv, turn)
+            attempt = self._attempts.get(key, 0)
+            self._attempts[key] = attempt + 1
+
+        def record(action: str) -> None:
+            with self._lock:
+                self.requests.append({"model": model, "conv": conv, "turn": turn, "attempt": attempt,
+                                      "action": action, "t": time.monotonic()})
+
+        n_fault = int(args[0]) if args and args[0].isdigit() else 0
+        faulty = attempt < n_fault
+        if kind == "ratelimit" and faulty:
+            record("429")
+            h._json(429, {"error": {"message": "rate limited", "type": "rate_limit"}},
+                    {"retry-after": args[1] if len(args) > 1 else "1"})
+            return
+        if kind in ("e500", "e503") and faulty:
+            record(kind[1:])
+            h._json(int(kind[1:]), {"error": {"message": f"injected {kind[1:]}"}})
+            return
+        if kind == "always500":
+            record("500")
+            h._json(500, {"error": {"message": "injected 500 (always)"}})
+            return
+        if kind == "drop" and faulty:
+            record("drop")
+            h.close_connection = True
+            try:
+                import socket
+
+                h.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if kind == "slow" and faulty:
+            record("slow")
+            time.sleep(float(args[1]) if len(args) > 1 else 5.0)
+            h._json(200, self._completion(model, self._message(kind, prompt, messages, turn)))
+            return
+        if kind == "context":
+            record("400")
+            h._json(400, {"error": {"message": CONTEXT_MESSAGE, "type": "BadRequestError", "code": 400}})
+            return
+        if kind == "reject401":
+            record("401")
+            h._json(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})
+            return
+        if kind == "latency":
+            time.sleep(float(args[0]) if args else 0.2)
+        record("ok")
+        msg = self._message(kind, prompt, messages, turn, args)
+        h._json(200, self._completion(model, msg, logprobs=kind == "logprobs"))
+
+    def _message(self, kind: str, prompt: str, messages: list[dict[str, Any]], turn: int,
+                 args: list[str] | None = None) -> dict[str, Any]:
+        tool_turns = self.tool_turns
+        if kind == "latency" and args and len(args) > 1:
+            tool_turns = int(args[1]) - 1
+        if kind == "direct" or prompt not in self.solutions:
+            return {"role": "assistant", "content": f"Answer: {self.direct.get(prompt, '0')}"}
+        if turn < tool_turns:
+            code = self.solutions[prompt]
+            arguments = json.dumps({"code": code})
+            name = "python"
+            if kind == "badjson":
+                arguments = arguments[:-3]
+            if kind == "unknowntool":
+                name = "rm_rf"
+            call = {"id": f"call_{turn}", "type": "function", "function": {"name": name, "arguments": arguments}}
+            if kind == "text":
+                return {"role": "assistant",
+                        "content": "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code}})
+                                   + "\n</tool_call>"}
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        last_tool = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "tool"), "")
+        return {"role": "assistant", "content": f"The tool printed {last_tool.strip()}.\nAnswer: {last_tool.strip()}"}
+
+    def _completion(self, model: str, msg: dict[str, Any], *, logprobs: bool = False) -> dict[str, Any]:
+        text = json.dumps(msg)
+        ct = 7 + len(text) // 16
+        choice: dict[str, Any] = {"index": 0, "message": msg,
+                                  "finish_reason": "tool_calls" if msg.get("tool_calls") else "stop"}
+        if logprobs:
+            ids = [100 + i for i in range(ct)]
+            choice["logprobs"] = {"content": [{"token": f"token_id:{i}", "logprob": -0.1 * (k + 1), "bytes": None,
+                                               "top_logprobs": []} for k, i in enumerate(ids)]}
+            choice["token_ids"] = ids
+        return {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()), "model": model,
+                "choices": [choice], "usage": {"prompt_tokens": 50, "completion_tokens": ct,
+                                               "total_tokens": 50 + ct}}
+
+
+def main() -> None:
+    """Serve in a process of its own (the benchmark does this so that the server's threads do not share the
+    client's interpreter): `python fault_server.py SPEC.json` where SPEC holds solutions, direct, tool_turns and
+    models. Prints `URL <base_url>` once listening; stops when stdin closes. GET /v1/stats returns request counts."""
+    import sys
+
+    spec = {}
+    if len(sys.argv) > 1:
+        with open(sys.argv[1]) as f:
+            spec = json.load(f)
+    srv = FaultServer(solutions=spec.get("solutions"), direct=spec.get("direct"),
+                      tool_turns=spec.get("tool_turns", 1), models=spec.get("models"))
+    srv.start()
+    print("URL", srv.base_url, flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""The Prefect UI in a real browser: headless Chromium (Debian's package) finds the served deployment and the
+finished flow run's report artifact; screenshots are kept.
+
+Chromium is driven over the Chrome DevTools Protocol with the `websockets` client Prefect already depends on (no
+browser download, no driver binary). The deployment is served by `flywheel serve` and run through the API as in
+tests/flows/test_serve_e2e.py. Screenshots are written under the test's tmp dir and copied to
+$FLYWHEEL_TEST_OUTPUT (default /tmp/flywheel-test-output)/ui-browser/, printed at the end.
+Skipped only when chromium is missing AND FLYWHEEL_BROWSER_TESTS is not 1 (CI sets it and installs chromium).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.docker]
+
+FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
+DEPLOYMENT = "generate/flywheel"
+REPORT_KEY = "generate-summary"  # the report artifact a generate run publishes
+OUT = Path(os.environ.get("FLYWHEEL_TEST_OUTPUT", "/tmp/flywheel-test-output")) / "ui-browser"
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path:
+        return path
+    if os.environ.get("FLYWHEEL_BROWSER_TESTS") == "1":
+        pytest.fail("FLYWHEEL_BROWSER_TESTS=1 but chromium is not installed: apt-get install -y chromium")
+    pytest.skip("chromium is not installed (apt-get install -y chromium); FLYWHEEL_BROWSER_TESTS=1 makes this a "
+                "failure instead of a skip")
+
+
+class Browser:
+    """Headless Chromium and one page, driven over the DevTools protocol (synchronous websocket)."""
+
+    def __init__(self, exe: str, width: int = 1440, height: int = 1000):
+        from websockets.sync.client import connect
+
+        self.profile = tempfile.mkdtemp(prefix="chromium-")
+        self.proc = subprocess.Popen(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", f"--user-data-dir={self.profile}", "--remote-debugging-address=127.0.0.1",
+             "--remote-debugging-port=0", f"--window-size={width},{height}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        port_file = Path(self.profile, "DevToolsActivePort")
+        deadline = time.time() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.close()
+                raise RuntimeError("chromium did not open its DevTools port")
+            time.sleep(0.2)
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+            page = next(t for t in json.load(r) if t["type"] == "page")
+        self.ws = connect(page["webSocketDebuggerUrl"], max_size=64 * 2**20, open_timeout=20)
+        self._id = 0
+        self.send("Page.enable")
+        self.send("Runtime.enable")
+
+    def send(self, method: str, **params):
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def goto(self, url: str) -> None:
+        self.send("Page.navigate", url=url)
+
+    def text(self) -> str:
+        res = self.send("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
+                        returnByValue=True)
+        return res.get("result", {}).get("value", "") or ""
+
+    def wait_for_text(self, *needles: str, timeout_s: float = 60) -> str:
+        deadline = time.time() + timeout_s
+        while True:
+            body = self.text()
+            if all(n in body for n in needles):
+                return body
+            if time.time() > deadline:
+                raise AssertionError(f"page never showed {needles!r}; it shows:\n{body[:3000]}")
+            time.sleep(0.5)
+
+    def click_text(self, label: str) -> bool:
+        """Click the first link/button/tab whose own text is `label` (exact, trimmed)."""
+        js = ("(() => { const els = [...document.querySelectorAll('a,button,[role=tab],li,span,div')];"
+              f" const el = els.find(e => e.children.length === 0 && e.innerText && e.innerText.trim() === {json.dumps(label)});"
+              " if (!el) return false; el.click(); return true; })()")
+        return bool(self.send("Runtime.evaluate", expression=js, returnByValue=True)["result"].get("value"))
+
+    def screenshot(self, path: Path) -> Path:
+        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=False)["data"]
+        path.write_bytes(base64.b64decode(data))
+        return path
+
+    def close(self) -> None:
+        try:
+            if getattr(self, "ws", None):
+                self.ws.close()
+        finally:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser():
+    b = Browser(chromium_path())
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _serve_and_run(prefect_api: str, work: Path):
+    """`flywheel serve` (own process group) + one custom run through the API; returns (deployment, run, stop)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    lake = work / "lake"
+    config = work / "flywheel.toml"
+    config.write_text(f'[run]\nout = "{lake}"\nmax_workers = 2\n\n[generate]\nn_tasks = 2\nsamples = 1\n'
+                      'concurrency = 2\n\n[teacher]\nkind = "reference"\n\n[sandbox]\nbackend = "docker"\n')
+    log_path = work / "serve.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed by stop()
+    proc = subprocess.Popen([FLYWHEEL, "serve", "--config", str(config), "--flow", "generate"], cwd=work,
+                            env={**os.environ, "PREFECT_API_URL": prefect_api}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop() -> None:
+        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        log.close()
+
+    try:
+        with get_client(sync_client=True) as client:
+            deadline = time.time() + 120
+            while True:
+                try:
+                    dep = client.read_deployment_by_name(DEPLOYMENT)
+                    break
+                except ObjectNotFound:
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise AssertionError(f"no deployment; serve log:\n{log_path.read_text()[-4000:]}")
+                    time.sleep(1)
+            params = json.loads(json.dumps(dep.parameters))
+            params["cfg"]["run"]["run_id"] = "ui-browser-1"
+            fr = client.create_flow_run_from_deployment(dep.id, parameters=params)
+            deadline = time.time() + 400
+            while not (run := client.read_flow_run(fr.id)).state.is_final():
+                if time.time() > deadline:
+                    raise AssertionError(f"run not final; serve log:\n{log_path.read_text()[-4000:]}")
+                time.sleep(1)
+        assert run.state.is_completed(), f"{run.state_name}: {log_path.read_text()[-4000:]}"
+        return dep, run, stop
+    except BaseException:
+        stop()
+        raise
+
+
+def test_ui_shows_deployment_and_report_artifact(prefect_api, browser, tmp_path):
+    ui = prefect_api.rsplit("/api", 1)[0]
+    with urllib.request.urlopen(f"{ui}/ui-settings", timeout=10) as r:
+        ui_api = json.load(r)["api_url"]
+    assert ui_api == prefect_api, (
+        f"the server's UI talks to {ui_api}, not to {prefect_api}: start `prefect server start --port P` with "
+        "PREFECT_UI_API_URL (or PREFECT_SERVER_API_PORT) set to match (tests/conftest.py prefect_api)")
+    dep, run, stop = _serve_and_run(prefect_api, tmp_path)
+    shots: list[Path] = []
+    try:
+        browser.goto(f"{ui}/deployments")
+        browser.wait_for_text("generate", "flywheel", timeout_s=90)
+        shots.append(browser.screenshot(tmp_path / "1-deployments.png"))
+
+        browser.goto(f"{ui}/deployments/deployment/{dep.id}")
+        browser.wait_for_text("flywheel", "Run", timeout_s=60)
+        shots.append(browser.screenshot(tmp_path / "2-deployment.png"))
+
+        # the Run > Custom run page: a typed form built from the pydantic config, with descriptions and defaults
+        browser.goto(f"{ui}/deployments/deployment/{dep.id}/run")
+        browser.wait_for_text("N Tasks", "How many tasks to draw from the suite.", "Ray Address", timeout_s=60)
+        shots.append(browser.screenshot(tmp_path / "2b-run-form.png"))
+
+        browser.goto(f"{ui}/runs/flow-run/{run.id}")
+        browser.wait_for_text(run.name, "Completed", timeout_s=60)
+        assert browser.click_text("Artifacts"), "the flow run page has no Artifacts tab"
+        body = browser.wait_for_text(REPORT_KEY, timeout_s=60)
+        shots.append(browser.screenshot(tmp_path / "3-flow-run-artifacts.png"))
+
+        assert browser.click_text(REPORT_KEY), f"artifact {REPORT_KEY} is listed but cannot be opened:\n{body[:2000]}"
+        browser.wait_for_text("verdict", "episodes", timeout_s=60)
+        shots.append(browser.screenshot(tmp_path / "4-report-artifact.png"))
+    finally:
+        stop()
+        OUT.mkdir(parents=True, exist_ok=True)
+        kept = [shutil.copy(s, OUT / s.name) for s in shots]
+        print(f"screenshots: {', '.join(map(str, kept))}")
+    for s in shots:
+        assert s.stat().st_size > 10_000, f"{s} looks blank"

@@ -1,0 +1,188 @@
+"""Verification is fail-closed: numeric edge cases, and a unit-test harness that answers with nothing, garbage,
+a wrong token, fewer results or an infrastructure error never yields a pass. Reward terms are logged apart.
+The fault-injecting sandbox here (FaultInjectingBackend) is a test double; real sandboxes: test_sandboxed.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sandbox.result import ExecResult, SandboxError
+from tasks.code import generate as code_tasks
+from tasks.rewards import RewardConfig
+from tasks.spec import ReferenceSolution, Task, VerifierSpec
+from tasks.tools import pristine_snapshot
+from tasks.unittests import VerifierUnavailable
+from tasks.verify import extract_answer, verify
+from warehouse.record import FunctionCall, Message, ToolCall
+
+
+def numeric_task(answer: str = "42", tol: float = 1e-6, tool: str | None = "python") -> Task:
+    return Task(id="t", suite="s", version="1", split="train", prompt="?",
+                verifier=VerifierSpec(answer=answer, tolerance=tol, requires_tool=tool),
+                reference=ReferenceSolution(final=f"Answer: {answer}"))
+
+
+def call(name: str, args: str, i: int = 0) -> Message:
+    fc = FunctionCall(name=name, arguments=args)
+    return Message(role="assistant", tool_calls=[ToolCall(id=f"c{i}", function=fc)])
+
+
+def ep(final: str | None, *, tool: bool = True) -> list[Message]:
+    msgs = [Message(role="user", content="?")]
+    if tool:
+        msgs += [call("python", json.dumps({"code": "print(42)"})),
+                 Message(role="tool", tool_call_id="c0", content="42")]
+    if final is not None:
+        msgs.append(Message(role="assistant", content=final))
+    return msgs
+
+
+@pytest.mark.parametrize("final,verdict", [
+    ("Answer: 42", "pass"), ("answer = 42.0000000001", "pass"), ("Answer: 4,2", "pass"), ("Answer: 43", "fail"),
+    ("The answer is 42", "fail"), ("", "fail"), (None, "fail"), ("Answer: nan", "fail"), ("Answer: 1e999", "fail"),
+])
+def test_numeric_fail_closed(final, verdict):
+    assert verify(numeric_task(), ep(final)).verdict == verdict
+
+
+def test_numeric_tolerance_and_last_answer_wins():
+    assert verify(numeric_task("100", tol=0.01), ep("Answer: 100.9")).verdict == "pass"
+    assert verify(numeric_task("100", tol=0.001), ep("Answer: 100.9")).verdict == "fail"
+    assert extract_answer(ep("Answer: 1 ... no, Answer: 42")) == "42"
+
+
+def test_reward_terms_are_logged_apart_and_weighted():
+    o = verify(numeric_task(), ep("Answer: 42"))
+    assert o.reward == 1.0
+    assert o.reward_terms == {"outcome": 1.0, "well_formed_tool_calls": 1.0, "required_tool_used": 1.0,
+                              "answer_format": 1.0}
+    msgs = [Message(role="user", content="?"), call("python", "{not json"), Message(role="tool", tool_call_id="c0",
+            content="error"), call("python", json.dumps({"code": "print(42)"}), 1),
+            Message(role="tool", tool_call_id="c1", content="42"), Message(role="assistant", content="Answer: 41")]
+    cfg = RewardConfig(outcome_weight=1.0, well_formed_weight=0.2, tool_used_weight=0.1, answer_format_weight=0.1)
+    o = verify(numeric_task(), msgs, rewards=cfg)
+    assert o.verdict == "fail"
+    assert o.reward_terms["well_formed_tool_calls"] == 0.5
+    assert o.reward == pytest.approx(0.2 * 0.5 + 0.1 + 0.1)
+    # a hack gets 0 whatever its process terms
+    o = verify(numeric_task(), ep("Answer: 42", tool=False), rewards=cfg)
+    assert (o.verdict, o.reward, o.hack_flags) == ("hack", 0.0, ["no_tool_use"])
+    assert o.reward_terms["answer_format"] == 1.0
+
+
+class FaultInjectingSandbox:
+    """Test double: answers every exec with a canned ExecResult (or raises), to inject harness faults."""
+
+    backend, image = "fault", None
+
+    def __init__(self, result):
+        self.result = result
+
+    def exec(self, argv, *, timeout_s=None, stdin=None):
+        if isinstance(self.result, Exception):
+            raise self.result
+        if callable(self.result):
+            return self.result(json.loads(stdin))
+        return self.result
+
+    def run_python(self, code, *, timeout_s=None):
+        raise AssertionError("not used")
+
+    def write_files(self, files):
+        pass
+
+    def close(self):
+        pass
+
+
+class FaultInjectingBackend:
+    name = "fault"
+
+    def __init__(self, result):
+        self.result = result
+
+    def acquire(self):
+        return FaultInjectingSandbox(self.result)
+
+    def shutdown(self):
+        pass
+
+
+def _report(req, results=None, n=None, token=None) -> ExecResult:
+    tests = req["tests"]
+    results = results if results is not None else [{"name": t["name"], "status": "pass", "events": []} for t in tests]
+    rep = {"token": token or req["token"], "n_tests": len(tests) if n is None else n, "results": results}
+    line = "__FLYWHEEL_TESTS__ " + json.dumps(rep)
+    return ExecResult(exit_code=0, stdout=line + "\n", verdict="ok")
+
+
+def _code_episode():
+    task = code_tasks(1, seed=0)[0]
+    ref = task.reference.steps[0].arguments["content"]
+    return task, pristine_snapshot(dict(task.files, **{"solution.py": ref}))
+
+
+def test_all_reported_passes_pass():
+    task, ws = _code_episode()
+    o = verify(task, [Message(role="user", content=task.prompt)], backend=FaultInjectingBackend(_report), workspace=ws)
+    assert o.verdict == "pass" and o.details["hidden_passed"] == len(task.hidden_tests)
+
+
+@pytest.mark.parametrize("fault", [
+    ExecResult(exit_code=1, stdout="", stderr="Traceback: harness crashed", verdict="error"),
+    ExecResult(exit_code=None, stdout="", timed_out=True, verdict="timeout"),
+    ExecResult(exit_code=0, stdout="__FLYWHEEL_TESTS__ {broken json\n", verdict="ok"),
+    lambda req: _report(req, token="not-the-token"),
+    lambda req: _report(req, results=[{"name": "x", "status": "pass"}]),  # fewer results than tests
+    lambda req: _report(req, n=1),  # the harness saw fewer tests
+    lambda req: _report(req, results=[{"name": t["name"], "status": "maybe"} for t in req["tests"]]),
+    lambda req: _report(req, results=["pass" for _ in req["tests"]]),
+])
+def test_harness_faults_never_pass(fault):
+    task, ws = _code_episode()
+    o = verify(task, [Message(role="user", content=task.prompt)], backend=FaultInjectingBackend(fault), workspace=ws)
+    assert o.verdict == "fail" and o.reward == 0.0 and not o.success
+
+
+def test_missing_solution_or_snapshot_error_fails():
+    task, ws = _code_episode()
+    no_sol = pristine_snapshot({"test_visible.py": task.files["test_visible.py"]})
+    o = verify(task, [], backend=FaultInjectingBackend(_report), workspace=no_sol)
+    assert o.verdict == "fail" and "missing" in o.details["error"]
+    from tasks.tools import WorkspaceSnapshot
+
+    o = verify(task, [], backend=FaultInjectingBackend(_report), workspace=WorkspaceSnapshot(error="sandbox died"))
+    assert o.verdict == "fail" and "sandbox died" in o.details["error"]
+
+
+def test_infrastructure_failures_are_not_scored():
+    task, ws = _code_episode()
+    with pytest.raises(VerifierUnavailable):
+        verify(task, [], backend=FaultInjectingBackend(ExecResult(exit_code=None, verdict="infra_error", error="x")),
+               workspace=ws)
+    with pytest.raises(VerifierUnavailable):
+        verify(task, [], backend=FaultInjectingBackend(SandboxError("engine gone")), workspace=ws)
+    with pytest.raises(VerifierUnavailable, match="backend"):
+        verify(task, [], workspace=ws)
+
+
+def test_spec_refuses_unjudgeable_tasks():
+    with pytest.raises(ValueError, match="at least one"):
+        Task(id="x", suite="s", version="1", split="train", prompt="p", verifier=VerifierSpec(kind="unit_tests"),
+             reference=ReferenceSolution(final="done"))
+    with pytest.raises(ValueError, match="never judges"):
+        VerifierSpec(kind="llm_judge", answer="3")
+    with pytest.raises(ValueError, match="inside the workspace"):
+        Task(id="x", suite="s", version="1", split="train", prompt="p", verifier=VerifierSpec(answer="1"),
+             reference=ReferenceSolution(final="done"), files={"../etc/passwd": ""})
+
+
+def test_untestable_solution_file_fails_with_a_reason():
+    from tasks.tools import FileState, WorkspaceSnapshot
+
+    task, ws = _code_episode()
+    files = dict(ws.files, **{"solution.py": FileState(symlink="/etc/passwd")})
+    o = verify(task, [], backend=FaultInjectingBackend(_report), workspace=WorkspaceSnapshot(files=files))
+    assert o.verdict == "fail" and "cannot be tested" in o.details["error"]

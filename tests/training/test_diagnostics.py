@@ -1,0 +1,46 @@
+"""Diagnostics: metrics collected from trainer logs; warnings when thresholds are crossed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from training.config import DiagnosticsThresholds
+from training.diagnostics import DiagnosticsCallback, StepDiagnostics, check_step
+
+
+def test_healthy_step_has_no_warning():
+    d = StepDiagnostics(step=1, loss=0.5, grad_norm=1.0, reward=0.4, reward_std=0.3, zero_advantage_share=0.2,
+                        entropy=0.8, kl=0.01, logprob_diff_mean=0.01, importance_weight_max=1.1)
+    assert check_step(d, DiagnosticsThresholds()) == []
+
+
+def test_each_threshold_warns():
+    t = DiagnosticsThresholds()
+    cases = {
+        "zero advantage": StepDiagnostics(step=2, zero_advantage_share=1.0),
+        "collapsing": StepDiagnostics(step=2, entropy=0.001),
+        "KL": StepDiagnostics(step=2, kl=5.0),
+        "grad norm": StepDiagnostics(step=2, grad_norm=1e4),
+        "logprob difference": StepDiagnostics(step=2, logprob_diff_mean=2.0),
+        "importance weight": StepDiagnostics(step=2, importance_weight_max=50.0),
+        "not finite": StepDiagnostics(step=2, loss=float("nan")),
+    }
+    for needle, d in cases.items():
+        w = check_step(d, t)
+        assert len(w) == 1 and needle in w[0], (needle, w)
+
+
+def test_callback_reads_trl_keys():
+    cb = DiagnosticsCallback()
+    state = SimpleNamespace(global_step=3)
+    cb.on_log(None, state, None, logs={"loss": 0.2, "reward": 0.5, "reward_std": 0.1, "frac_reward_zero_std": 0.95,
+                                       "entropy": 0.7, "kl": 0.0, "grad_norm": 0.9,
+                                       "sampling/sampling_logp_difference/mean": 0.01,
+                                       "sampling/importance_sampling_ratio/max": 1.2})
+    cb.on_log(None, state, None, logs={"train_runtime": 1.0})  # end-of-training summary: ignored
+    assert len(cb.steps) == 1
+    d = cb.steps[0]
+    assert d.zero_advantage_share == 0.95 and d.logprob_diff_mean == 0.01 and d.importance_weight_max == 1.2
+    assert len(cb.warnings) == 1 and "zero advantage" in cb.warnings[0]
+    s = cb.summary()
+    assert s["reward_mean"] == 0.5 and s["warnings"] == cb.warnings

@@ -1,0 +1,67 @@
+"""The GRPO environment: the loop's exact tool schemas, tool calls in real sandboxes, verifier rewards, hack -> 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tasks import arithmetic
+from tasks.tools import tool_schemas
+from training.environment import EnvironmentError_, EpisodeReward, completion_messages, environment_class
+
+
+def test_schemas_match_the_loop_byte_for_byte():
+    from transformers.utils.chat_template_utils import get_json_schema
+
+    cls = environment_class(["python"], backend=None)
+    assert json.dumps(get_json_schema(cls.python)) == json.dumps(tool_schemas(["python"])[0])
+    public = [n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))]
+    assert sorted(public) == ["python", "reset"]  # no other method leaks in as a tool
+
+
+def test_unsupported_schema_is_refused():
+    with pytest.raises((EnvironmentError_, ValueError)):
+        environment_class(["no_such_tool"], backend=None)
+
+
+def _episode(env_cls, task, code: str | None, final: str):
+    env = env_cls()
+    env.reset(task_json=task.model_dump_json(), prompt=[])
+    completion = []
+    if code is not None:
+        out = env.python(code=code)
+        completion += [{"role": "assistant", "content": "",
+                        "tool_calls": [{"type": "function", "function": {"name": "python",
+                                                                           "arguments": {"code": code}}}]},
+                       {"role": "tool", "name": "python", "content": out}]
+    completion.append({"role": "assistant", "content": final})
+    return env, completion
+
+
+def test_tools_run_in_the_sandbox_and_the_verifier_scores(backend):
+    task = arithmetic.generate(1, split="train", seed=5)[0]
+    cls = environment_class(task.tools, backend)
+    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": task.prompt}]
+    good_env, good = _episode(cls, task, task.reference.steps[0].arguments["code"], task.reference.final)
+    assert good[1]["content"] == task.verifier.answer  # the sandbox really ran print(a op b)
+    wrong_env, wrong = _episode(cls, task, task.reference.steps[0].arguments["code"], "Answer: -1")
+    hack_env, hack = _episode(cls, task, None, task.reference.final)  # right answer, tool never used
+    reward = EpisodeReward(backend=backend)
+    got = reward([prompt] * 3, [good, wrong, hack], environments=[good_env, wrong_env, hack_env])
+    assert got == [1.0, 0.0, 0.0]
+    assert reward.last_verdicts == ["pass", "fail", "hack"]
+    assert reward.stats["hack"] == 1 and reward.history[2]["hack_flags"]
+    assert all(e.sandbox is None for e in (good_env, wrong_env, hack_env))  # closed after scoring
+
+
+def test_completion_messages_keep_call_ids_paired():
+    msgs = completion_messages([
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "python", "arguments": {"code": "print(1)"}}}]},
+        {"role": "tool", "name": "python", "content": "1"},
+        {"role": "assistant", "content": "Answer: 1"},
+    ])
+    assert msgs[0].tool_calls[0].id == msgs[1].tool_call_id
+    assert json.loads(msgs[0].tool_calls[0].function.arguments) == {"code": "print(1)"}
+    assert msgs[2].content == "Answer: 1" and msgs[0].content is None

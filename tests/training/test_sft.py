@@ -1,0 +1,70 @@
+"""SFT: multi-turn tool conversations tokenized with assistant-only labels, drops counted, seeded runs repeat."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from transformers import AutoTokenizer
+
+from training.config import SFTConfig
+from training.sft import TrainingError, tokenize_rows, train_sft, trajectory_conversation
+
+
+def test_conversation_has_tool_calls_as_objects(ref_rows):
+    msgs, tools = trajectory_conversation(ref_rows[0])
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant"]
+    assert isinstance(msgs[2]["tool_calls"][0]["function"]["arguments"], dict)
+    assert tools[0]["function"]["name"] == "python"
+
+
+def test_labels_cover_assistant_turns_only(tiny_model, ref_rows):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    cols, stats = tokenize_rows(tok, ref_rows[:4], SFTConfig())
+    ids, labels = cols["input_ids"][0], cols["labels"][0]
+    trained = tok.decode([t for t, lab in zip(ids, labels) if lab != -100])
+    assert '<tool_call>' in trained and '"print(' in trained and "Answer:" in trained
+    assert trained.count("<|im_end|>") == 2  # both assistant turns learn to stop
+    masked = tok.decode([t for t, lab in zip(ids, labels) if lab == -100])
+    assert "careful agent" in masked and ref_rows[0].messages[1].content in masked  # system, user: no loss
+    assert stats["dropped_truncated"] == 0 and stats["loss_tokens"] > 0
+
+
+def test_truncation_drops_are_counted_not_silent(tiny_model, ref_rows):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    full, _ = tokenize_rows(tok, ref_rows[:1], SFTConfig())
+    n = len(full["input_ids"][0])
+    first_loss = next(i for i, lab in enumerate(full["labels"][0]) if lab != -100)
+    cols, stats = tokenize_rows(tok, ref_rows[:3], SFTConfig(max_length=first_loss))
+    assert stats["dropped_truncated"] == 3 and cols["input_ids"] == []
+    assert stats["dropped_ids"] == [r.trajectory_id for r in ref_rows[:3]]
+    cols, stats = tokenize_rows(tok, ref_rows[:1], SFTConfig(max_length=n - 2))
+    assert stats["truncated"] == 1 and stats["dropped_truncated"] == 0 and len(cols["input_ids"][0]) == n - 2
+
+
+def test_malformed_rows_are_counted(tiny_model, ref_rows):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    bad = ref_rows[0].model_copy(deep=True)
+    bad.messages[2].tool_calls[0].function.arguments = '{"code": "print(1'
+    cols, stats = tokenize_rows(tok, [bad, ref_rows[1]], SFTConfig())
+    assert stats["dropped_malformed"] == 1 and len(cols["input_ids"]) == 1
+
+
+def test_all_dropped_is_an_error_naming_the_fix(tiny_model, ref_rows, tmp_path):
+    with pytest.raises(TrainingError, match="max_length"):
+        train_sft(tiny_model, ref_rows[:2], tmp_path / "out", SFTConfig(max_length=4, max_steps=1), progress=False)
+
+
+@pytest.mark.slow
+def test_seeded_sft_repeats_its_loss_sequence(tiny_model, ref_rows, tmp_path):
+    cfg = SFTConfig(max_steps=6, batch_size=8, learning_rate=3e-3, seed=11)
+    t0 = time.perf_counter()
+    a = train_sft(tiny_model, ref_rows, tmp_path / "a", cfg, progress=False)
+    b = train_sft(tiny_model, ref_rows, tmp_path / "b", cfg, progress=False)
+    print(f"two seeded SFT runs of {cfg.max_steps} steps: {time.perf_counter() - t0:.1f}s; losses {a.losses}")
+    assert len(a.losses) == 6 and a.losses == b.losses
+    assert a.losses[-1] < a.losses[0]
+    c = train_sft(tiny_model, ref_rows, tmp_path / "c", cfg.model_copy(update={"seed": 12}), progress=False)
+    assert c.losses != a.losses  # the seed matters: the test can fail
+    assert (tmp_path / "a" / "model.safetensors").exists() and (tmp_path / "a" / "tokenizer.json").exists()
+    assert a.n_examples == len(ref_rows) and a.n_dropped_truncated == 0

@@ -1,0 +1,130 @@
+"""Human demonstrations: the shipped demo file, malformed records named by file/line/field, Parquet and datasets
+folder inputs, idempotent import into a real lake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from warehouse.demos import DemoImportError, import_demos, load_demos
+from warehouse.lake import existing_ids
+from warehouse.query import connect
+
+DEMOS = str(Path(__file__).resolve().parents[2] / "data" / "demos" / "arithmetic_demos.jsonl")
+
+
+def good(i: int, answer: int = 5, *, with_ids: bool = True, arguments: object = None) -> dict:
+    cid = f"c{i}" if with_ids else None
+    call = {"type": "function", "function": {"name": "python",
+                                             "arguments": arguments if arguments is not None
+                                             else json.dumps({"code": f"print(2 + {answer - 2})"})}}
+    tool = {"role": "tool", "content": str(answer)}
+    if with_ids:
+        call["id"] = cid
+        tool["tool_call_id"] = cid
+    return {"messages": [{"role": "user", "content": f"Demo {i}: what is 2 + {answer - 2}?"},
+                         {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+                         tool,
+                         {"role": "assistant", "content": f"Answer: {answer}"}],
+            "tools": ["python"], "expected_answer": str(answer), "suite": "arithmetic", "difficulty": 1}
+
+
+def test_shipped_demo_file_is_valid_and_verified():
+    rows, errors = load_demos([DEMOS], run_id="r", round=0)
+    assert errors == []
+    assert len(rows) == 8
+    assert {r.source for r in rows} == {"human"} and {r.verdict for r in rows} == {"pass"}
+    assert all(json.loads(r.verifier_details_json)["verified"] for r in rows)
+    again, _ = load_demos([DEMOS], run_id="r", round=0)
+    assert [r.trajectory_id for r in again] == [r.trajectory_id for r in rows]  # deterministic ids
+    other_run, _ = load_demos([DEMOS], run_id="r2", round=0)
+    assert not {r.trajectory_id for r in other_run} & {r.trajectory_id for r in rows}
+
+
+def test_malformed_demos_are_each_named_and_clean_ones_kept(tmp_path):
+    bad_role = good(2)
+    bad_role["messages"][0]["role"] = "human"
+    unmatched = good(3)
+    unmatched["messages"][2]["tool_call_id"] = "zzz"
+    bad_json = good(4, arguments="{'code': 'print(5)'}")
+    undeclared = good(5)
+    undeclared["messages"][1]["tool_calls"][0]["function"]["name"] = "shell"
+    no_tools = good(6)
+    del no_tools["tools"]
+    ends_in_call = good(7)
+    ends_in_call["messages"] = ends_in_call["messages"][:2]
+    wrong_answer = good(8)
+    wrong_answer["messages"][3]["content"] = "Answer: 6"
+    lines = [json.dumps(good(1)), "{not json", json.dumps(bad_role), json.dumps(unmatched), json.dumps(bad_json),
+             json.dumps(undeclared), json.dumps(no_tools), json.dumps(ends_in_call), json.dumps(good(9)),
+             json.dumps(wrong_answer)]
+    path = tmp_path / "demos.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    rows, errors = load_demos([str(path)], run_id="r")
+    where = {(e.where, e.field) for e in errors}
+    assert ("line 2", "record") in where
+    assert ("line 3", "messages[0].role") in where
+    assert ("line 4", "messages[2].tool_call_id") in where
+    assert ("line 5", "messages[1].tool_calls[0].function.arguments") in where
+    assert ("line 6", "messages[1].tool_calls[0].function.name") in where
+    assert ("line 7", "tools") in where
+    assert any(w == "line 8" for w, _ in where)
+    assert {e.where for e in errors} == {f"line {n}" for n in range(2, 9)}
+    assert all(str(path) in str(e) for e in errors)
+    # the clean records survive; the wrong answer is a valid demo judged fail (the filters drop it later)
+    assert [(r.task_id.startswith("human-"), r.verdict) for r in rows] == [(True, "pass"), (True, "pass"),
+                                                                          (True, "fail")]
+    # tools given by the importer make the tool-less record valid
+    rows2, errors2 = load_demos([str(path)], run_id="r", default_tools=["python"])
+    assert "line 7" not in {e.where for e in errors2} and len(rows2) == 4
+
+
+def test_parquet_and_datasets_folder_inputs(tmp_path):
+    import datasets
+
+    recs = [good(i, answer=10 + i) for i in range(3)]
+    pq_recs = [{**r, "tools": json.dumps(["python"])} for r in recs]
+    pq.write_table(pa.Table.from_pylist(pq_recs), tmp_path / "demos.parquet")
+    rows, errors = load_demos([str(tmp_path / "demos.parquet")], run_id="r")
+    assert errors == [] and len(rows) == 3
+
+    # TRL-style: argument objects instead of strings, no ids on calls or tool replies (paired in order)
+    trl = [good(i, answer=20 + i, with_ids=False, arguments={"code": f"print({20 + i})"}) for i in range(3)]
+    broken = good(9, with_ids=False, arguments={"code": "print(5)"})
+    broken["messages"][2]["tool_call_id"] = "only-the-reply-has-an-id"
+    datasets.Dataset.from_list(trl + [broken]).save_to_disk(str(tmp_path / "ds"))
+    rows, errors = load_demos([str(tmp_path / "ds")], run_id="r")
+    assert len(rows) == 3
+    assert {e.where for e in errors} == {"row 3"}
+    assert json.loads(rows[0].messages[1].tool_calls[0].function.arguments) == {"code": "print(20)"}
+    assert rows[0].messages[2].tool_call_id == rows[0].messages[1].tool_calls[0].id
+
+    (tmp_path / "demos.csv").write_text("messages\n")
+    with pytest.raises(DemoImportError, match="unknown demo format"):
+        load_demos([str(tmp_path / "demos.csv")], run_id="r")
+    with pytest.raises(DemoImportError, match="no such file"):
+        load_demos([str(tmp_path / "missing.jsonl")], run_id="r")
+
+
+def test_import_is_idempotent_and_strict_mode_writes_nothing(tmp_path):
+    root = str(tmp_path / "lake")
+    first = import_demos(root, [DEMOS], run_id="run1")
+    second = import_demos(root, [DEMOS], run_id="run1")
+    assert (first.written, second.written, second.skipped) == (8, 0, 8)
+    assert len(existing_ids(root, "run1", 0)) == 8
+    con = connect(root)
+    try:
+        assert con.execute("SELECT source, count(*) FROM trajectories GROUP BY 1").fetchall() == [("human", 8)]
+    finally:
+        con.close()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(good(1)) + "\n" + "[]\n")
+    with pytest.raises(DemoImportError, match=r"bad.jsonl line 2: record: must be an object") as e:
+        import_demos(root, [str(bad)], run_id="run2", strict=True)
+    assert len(e.value.errors) == 1
+    assert existing_ids(root, "run2") == set()

@@ -1,0 +1,101 @@
+"""Typed configuration of the training stages (SFT, GRPO) and of the tiny offline student.
+
+Pydantic models with a description on every field: they are Prefect flow parameters (forms in the UI), TOML
+sections of a run config, and the single place where defaults live. Defaults are the measured offline default
+(tiny student, arithmetic, 2 CPU cores); GPU users raise sizes. This module trains nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TinyModelConfig(BaseModel):
+    """Size of the tiny student built from scratch for offline runs (training/tiny.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    hidden: int = Field(default=128, gt=0, description="Hidden size of the Qwen2-style model.")
+    layers: int = Field(default=4, gt=0, description="Number of transformer layers.")
+    heads: int = Field(default=4, gt=0, description="Attention heads (hidden must divide by it).")
+    kv_heads: int = Field(default=2, gt=0, description="Key/value heads (grouped-query attention).")
+    vocab_size: int = Field(default=2048, gt=300, description="Target BPE vocabulary size of the corpus tokenizer.")
+    seed: int = Field(default=0, description="Seed of the random initial weights.")
+
+
+class SFTConfig(BaseModel):
+    """Supervised fine-tuning on a training snapshot (multi-turn, with tools, loss on assistant tokens only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    epochs: float = Field(default=3.0, gt=0, description="Passes over the snapshot (ignored when max_steps > 0).")
+    max_steps: int = Field(default=-1, description="Stop after this many optimiser steps; -1 means use epochs.")
+    batch_size: int = Field(default=16, gt=0, description="Examples per device per optimiser step (before accumulation).")
+    grad_accum: int = Field(default=1, gt=0, description="Gradient accumulation steps.")
+    learning_rate: float = Field(default=3e-3, gt=0, description="Peak learning rate (tiny models want ~1e-3..5e-3, "
+                                                                    "pretrained ones ~1e-5).")
+    lr_scheduler: str = Field(default="cosine", description="transformers scheduler name, e.g. cosine, linear, "
+                                                             "constant_with_warmup.")
+    warmup_ratio: float = Field(default=0.05, ge=0, le=1, description="Share of steps spent warming up.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    max_length: int = Field(default=512, gt=0, description="Token budget of one example; examples whose assistant "
+                                                           "tokens all fall past it are dropped and counted.")
+    assistant_only_loss: bool = Field(default=True, description="Train only on assistant tokens (tool calls, answers).")
+    packing: bool = Field(default=False, description="Pack examples into max_length rows (pays with many short "
+                                                     "examples on a GPU with flash attention; off on CPU).")
+    seed: int = Field(default=0, description="Seed of data order and initialisation of anything random.")
+    logging_steps: int = Field(default=1, gt=0, description="Log the loss every N steps.")
+    threads: int | None = Field(default=1, description="torch CPU threads for this process; None keeps torch's "
+                                                     "default. 1 is fastest for tiny models on a shared CPU: with "
+                                                     "2 threads OpenMP spin-waits cost ~9x the CPU per step.")
+    bf16: bool = Field(default=False, description="bfloat16 mixed precision (GPU).")
+
+
+class GRPOConfig(BaseModel):
+    """Group-relative policy optimisation with our sandboxes as the environment and our verifiers as reward."""
+
+    model_config = ConfigDict(extra="forbid")
+    num_generations: int = Field(default=8, ge=2, description="Group size: completions sampled per prompt.")
+    prompts_per_step: int = Field(default=2, gt=0, description="Distinct tasks per optimiser step; the generation "
+                                                               "batch is prompts_per_step * num_generations.")
+    max_steps: int = Field(default=20, gt=0, description="Optimiser steps.")
+    learning_rate: float = Field(default=5e-4, gt=0, description="Learning rate (tiny models ~5e-4, pretrained ~1e-6).")
+    beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference (SFT) model; 0 skips "
+                                                       "the reference model.")
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(default="dapo", description="TRL loss type.")
+    epsilon: float = Field(default=0.2, gt=0, description="PPO clip range (lower).")
+    num_iterations: int = Field(default=1, ge=1, description="Optimisation passes per generation batch.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of rollouts.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling of rollouts.")
+    max_completion_length: int = Field(default=128, gt=0, description="Token budget of all assistant turns and tool "
+                                                                      "results of one episode.")
+    max_tool_calling_iterations: int = Field(default=3, ge=1, description="Tool calls allowed per episode.")
+    scale_rewards: Literal["group", "batch", "none"] = Field(default="group", description="Advantage normalisation.")
+    seed: int = Field(default=0, description="Seed of sampling and data order.")
+    logging_steps: int = Field(default=1, gt=0, description="Log every N steps.")
+    threads: int | None = Field(default=1, description="torch CPU threads for this process; None keeps torch's "
+                                                     "default. 1 is fastest for tiny models on a shared CPU: with "
+                                                     "2 threads OpenMP spin-waits cost ~9x the CPU per step.")
+    use_vllm: bool = Field(default=False, description="Generate with vLLM (needs the `gpu` extra and a CUDA GPU).")
+    vllm_mode: Literal["colocate", "server"] = Field(default="colocate", description="vLLM inside the trainer "
+                                                                                       "process or a separate server.")
+    vllm_server_base_url: str | None = Field(default=None, description="URL of `trl vllm-serve` in server mode.")
+    vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1, description="GPU share vLLM may take "
+                                                                                     "(colocate).")
+    bf16: bool = Field(default=False, description="bfloat16 mixed precision (GPU).")
+    sandbox_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit of one tool call.")
+
+
+class DiagnosticsThresholds(BaseModel):
+    """When to warn during training (training/diagnostics.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_zero_advantage_share: float = Field(default=0.9, ge=0, le=1, description="Warn when more groups than this "
+                                                                                 "share have identical rewards.")
+    min_entropy: float = Field(default=0.05, ge=0, description="Warn when mean token entropy falls below (collapse).")
+    max_kl: float = Field(default=1.0, ge=0, description="Warn when KL to the reference exceeds this.")
+    max_grad_norm: float = Field(default=100.0, gt=0, description="Warn when the gradient norm exceeds this.")
+    max_logprob_diff: float = Field(default=0.5, ge=0, description="Warn when |rollout - trainer| logprob mean "
+                                                                   "difference exceeds this (vLLM only).")
+    max_importance_weight: float = Field(default=5.0, gt=0, description="Warn when the max importance weight "
+                                                                       "exceeds this (vLLM only).")

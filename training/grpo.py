@@ -1,0 +1,160 @@
+"""GRPO on tasks with TRL's GRPOTrainer: our sandboxes as the environment, our verifiers and forensics as the reward.
+
+Each training row is one task: its opening messages exactly as the episode loop sends them (agents.loop.
+initial_messages) and the task as JSON. The trainer samples `num_generations` episodes per task (multi-turn: tool
+calls run in sandboxes through training.environment, results appended, generation resumed, up to
+`max_tool_calling_iterations` calls within `max_completion_length` tokens), scores each with
+training.environment.EpisodeReward (hack -> 0; infrastructure failure -> left out, never 0) and updates the policy.
+Diagnostics (training.diagnostics) are collected every step.
+
+CPU path: plain `generate` (use_vllm=False). GPU path: vLLM colocated or as a server, behind the `gpu` extra;
+asking for it without vLLM installed or without a CUDA device raises TrainingError naming the fix.
+This module does not choose tasks or register checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from sandbox.result import Backend
+from tasks.spec import Task
+from training.config import DiagnosticsThresholds, GRPOConfig
+from training.sft import TrainingError
+
+
+class GRPOResult(BaseModel):
+    checkpoint_path: str
+    losses: list[float] = Field(description="Policy loss at each logged step.")
+    rewards: list[float] = Field(description="Mean reward of each step's rollouts (before that step's update).")
+    steps: int
+    wall_s: float = Field(description="Seconds in trainer.train() (rollouts, tools, verification, updates).")
+    total_s: float
+    episodes: int = Field(description="Episodes scored.")
+    verdicts: dict[str, int] = Field(description="Verdict counts over all rollouts (pass, fail, hack, infra).")
+    hacks_with_positive_reward: int = Field(description="Hacked episodes that received reward > 0 (must be 0).")
+    diagnostics: dict[str, Any] = Field(default_factory=dict, description="Per-run summary of step diagnostics.")
+    steps_diagnostics: list[dict[str, Any]] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+def check_gpu_path(cfg: GRPOConfig) -> None:
+    """Raise TrainingError naming the fix when cfg asks for vLLM and this machine cannot give it."""
+    if not cfg.use_vllm:
+        return
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is None:
+        raise TrainingError("GRPOConfig.use_vllm=True needs vLLM: pip install 'flywheel[gpu]' (a torch/vllm pin set "
+                            "that agree; see README), or set use_vllm=False for plain generation")
+    if cfg.vllm_mode == "colocate" and not torch.cuda.is_available():
+        raise TrainingError("vLLM colocate mode needs a CUDA GPU; set use_vllm=False on CPU")
+    if cfg.vllm_mode == "server" and not cfg.vllm_server_base_url:
+        raise TrainingError("vllm_mode='server' needs vllm_server_base_url (the URL of `trl vllm-serve`)")
+
+
+def task_rows(tasks: list[Task]) -> dict[str, list]:
+    """Dataset columns for GRPO: prompt (system + user, as the loop opens), task_json, environment (tool set)."""
+    from agents.loop import initial_messages
+
+    if not tasks:
+        raise TrainingError("train_grpo got no tasks; pass the suite's train split")
+    prompts, jsons, envs = [], [], []
+    for t in tasks:
+        prompts.append([{"role": m.role, "content": m.content or ""} for m in initial_messages(t)])
+        jsons.append(t.model_dump_json())
+        envs.append(",".join(t.tools))
+    return {"prompt": prompts, "task_json": jsons, "environment": envs}
+
+
+def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, cfg: GRPOConfig, *,
+               backend: Backend, rewards: Any = None, thresholds: DiagnosticsThresholds | None = None,
+               progress: bool = True) -> GRPOResult:
+    """Improve `model_path` with GRPO on `tasks` (train split), tool calls in sandboxes of `backend`.
+
+    Saves the new student to `out_dir`. `rewards` is an optional tasks.rewards.RewardConfig (process terms).
+    Seeded: the same inputs and config give the same loss sequence on the same machine (CPU path).
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from trl import GRPOConfig as TRLGRPOConfig
+    from trl import GRPOTrainer
+
+    from training.diagnostics import DiagnosticsCallback
+    from training.environment import EpisodeReward, environment_class
+
+    t0 = time.perf_counter()
+    check_gpu_path(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    set_seed(cfg.seed)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    cols = task_rows(tasks)
+    tool_sets = sorted(set(cols["environment"]))
+    factories = {ts: environment_class(ts.split(","), backend, tool_timeout_s=cfg.sandbox_timeout_s)
+                 for ts in tool_sets}
+    if len(factories) == 1:
+        factory: Any = next(iter(factories.values()))
+        del cols["environment"]
+    else:
+        factory = factories
+    dataset = Dataset.from_dict(cols)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(model_path))
+    reward_fn = EpisodeReward(backend=backend, rewards=rewards)
+    diag = DiagnosticsCallback(thresholds)
+    cuda = torch.cuda.is_available()
+    batch = cfg.num_generations * cfg.prompts_per_step
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vllm_kw: dict[str, Any] = {}
+    if cfg.use_vllm:
+        vllm_kw = {"use_vllm": True, "vllm_mode": cfg.vllm_mode,
+                   "vllm_gpu_memory_utilization": cfg.vllm_gpu_memory_utilization}
+        if cfg.vllm_server_base_url:
+            vllm_kw["vllm_server_base_url"] = cfg.vllm_server_base_url
+    with tempfile.TemporaryDirectory(prefix="flywheel-grpo-") as scratch:
+        args = TRLGRPOConfig(
+            output_dir=scratch, max_steps=cfg.max_steps, per_device_train_batch_size=batch,
+            gradient_accumulation_steps=1, num_generations=cfg.num_generations, learning_rate=cfg.learning_rate,
+            beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon, num_iterations=cfg.num_iterations,
+            temperature=cfg.temperature, top_p=cfg.top_p, max_completion_length=cfg.max_completion_length,
+            max_tool_calling_iterations=cfg.max_tool_calling_iterations, scale_rewards=cfg.scale_rewards,
+            seed=cfg.seed, data_seed=cfg.seed, logging_steps=cfg.logging_steps, save_strategy="no",
+            report_to="none", disable_tqdm=not progress, dataloader_num_workers=0, use_cpu=not cuda,
+            bf16=bool(cfg.bf16 and cuda), log_completions=False, **vllm_kw,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=dataset,
+                              processing_class=tokenizer, environment_factory=factory, callbacks=[diag])
+        t1 = time.perf_counter()
+        try:
+            trainer.train()
+        finally:
+            for env_list in getattr(trainer, "_environment_pool", {}).values():
+                for env in env_list:
+                    env._close()
+        wall = time.perf_counter() - t1
+        hist = trainer.state.log_history
+        losses = [float(h["loss"]) for h in hist if "loss" in h]
+        step_rewards = [float(h["reward"]) for h in hist if "reward" in h]
+        trainer.save_model(str(out))
+        tokenizer.padding_side = "right"
+        tokenizer.save_pretrained(str(out))
+    s = reward_fn.stats
+    return GRPOResult(
+        checkpoint_path=str(out), losses=losses, rewards=step_rewards, steps=int(trainer.state.global_step),
+        wall_s=wall, total_s=time.perf_counter() - t0, episodes=s["episodes"],
+        verdicts={k: s[k] for k in ("pass", "fail", "hack", "infra")},
+        hacks_with_positive_reward=sum(1 for h in reward_fn.history if h["verdict"] == "hack" and h["reward"] > 0),
+        diagnostics=diag.summary(), steps_diagnostics=[d.model_dump() for d in diag.steps],
+        warnings=list(diag.warnings),
+    )

@@ -1,0 +1,215 @@
+"""Supervised fine-tuning of a student on trajectories (a training snapshot), with TRL's SFTTrainer.
+
+Each trajectory becomes one multi-turn conversation with its tool schemas, rendered by the model's chat template
+(TRL's training variant with generation markers) and tokenized here, so that the loss covers assistant tokens only
+and examples the token budget would cut are counted instead of silently vanishing (TRL drops an example whose
+assistant tokens all fall past max_length without a word). The trained model is saved as an ordinary model
+folder. This module does not choose the data (curation does) and does not register checkpoints (registry.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from training.config import SFTConfig
+from warehouse.record import Trajectory
+
+
+class TrainingError(RuntimeError):
+    """Training cannot start or went wrong (no usable examples, bad model path); the message names the input."""
+
+
+class SFTResult(BaseModel):
+    checkpoint_path: str = Field(description="Model folder of the trained student (save_pretrained).")
+    losses: list[float] = Field(description="Training loss at each logged step, in order.")
+    steps: int
+    wall_s: float = Field(description="Seconds spent in trainer.train() (excludes loading and saving).")
+    total_s: float = Field(description="Seconds of the whole call.")
+    n_rows: int = Field(description="Trajectories given.")
+    n_examples: int = Field(description="Examples trained on.")
+    n_dropped_truncated: int = Field(description="Dropped: no assistant token left within max_length.")
+    n_dropped_malformed: int = Field(description="Dropped: tool-call arguments not a JSON object, or no assistant turn.")
+    n_truncated: int = Field(description="Kept but cut at max_length (some assistant tokens lost).")
+    n_tokens: int = Field(description="Tokens in the training examples (after truncation).")
+    n_loss_tokens: int = Field(description="Tokens that carry loss (assistant tokens).")
+    dropped_ids: list[str] = Field(default_factory=list, description="Trajectory ids dropped, for the report.")
+    diagnostics: dict[str, Any] = Field(default_factory=dict, description="Summary of step diagnostics (grad norm, "
+                                                                          "entropy, token accuracy, warnings).")
+
+
+def trajectory_conversation(row: Trajectory) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(messages, tools) of a trajectory in the form chat templates expect: tool-call arguments as dicts.
+
+    Raises ValueError when a tool call's arguments are not a JSON object (the row cannot be rendered).
+    """
+    msgs: list[dict[str, Any]] = []
+    for m in row.messages:
+        d = m.to_openai()
+        if d.get("content") is None:
+            d["content"] = ""
+        if m.tool_calls:
+            calls = []
+            for tc in m.tool_calls:
+                args = json.loads(tc.function.arguments) if tc.function.arguments else {}
+                if not isinstance(args, dict):
+                    raise ValueError(f"tool call {tc.id} arguments are not a JSON object")  # noqa: TRY004
+                calls.append({"id": tc.id, "type": "function",
+                              "function": {"name": tc.function.name, "arguments": args}})
+            d["tool_calls"] = calls
+        msgs.append(d)
+    tools = json.loads(row.tools_json or "[]")
+    return msgs, tools
+
+
+def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
+    """The trajectories of a training snapshot (its manifest joined to the trajectories view)."""
+    from warehouse.query import read_trajectories
+
+    sid = snapshot_id.replace("'", "''")
+    rows = read_trajectories(root, where=f"trajectory_id IN (SELECT trajectory_id FROM manifests "
+                                         f"WHERE snapshot_id = '{sid}')")
+    if not rows:
+        raise TrainingError(f"snapshot {snapshot_id!r} under {root!r} has no trajectories; check the id with "
+                            f"`flywheel sql --root {root}` (SELECT * FROM datasets)")
+    return rows
+
+
+def _training_template(tokenizer) -> str | None:
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if has_generation_markers(tokenizer.chat_template):
+        return None
+    tmpl = get_training_chat_template(tokenizer)
+    if tmpl is None:
+        raise TrainingError("the model's chat template has no {% generation %} markers and TRL knows no training "
+                            "variant of it; set SFTConfig.assistant_only_loss=False or use a template TRL ships")
+    return tmpl
+
+
+def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[dict[str, list], dict[str, Any]]:
+    """Tokenize trajectories into input_ids/labels (-100 outside assistant turns), truncated at max_length.
+
+    Returns the columns and counts of what was kept, cut and dropped (with the dropped ids).
+    """
+    template = _training_template(tokenizer) if cfg.assistant_only_loss else None
+    ids_col: list[list[int]] = []
+    labels_col: list[list[int]] = []
+    stats = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0, "loss_tokens": 0,
+             "dropped_ids": []}
+    for row in rows:
+        try:
+            msgs, tools = trajectory_conversation(row)
+        except (ValueError, json.JSONDecodeError):
+            stats["dropped_malformed"] += 1
+            stats["dropped_ids"].append(row.trajectory_id)
+            continue
+        if not any(m["role"] == "assistant" for m in msgs):
+            stats["dropped_malformed"] += 1
+            stats["dropped_ids"].append(row.trajectory_id)
+            continue
+        enc = tokenizer.apply_chat_template(msgs, tools=tools or None, chat_template=template, tokenize=True,
+                                            return_dict=True, return_assistant_tokens_mask=cfg.assistant_only_loss)
+        ids = list(enc["input_ids"])
+        mask = list(enc["assistant_masks"]) if cfg.assistant_only_loss else [1] * len(ids)
+        labels = [t if b else -100 for t, b in zip(ids, mask)]
+        if len(ids) > cfg.max_length:
+            ids, labels = ids[: cfg.max_length], labels[: cfg.max_length]
+            if all(lab == -100 for lab in labels):
+                stats["dropped_truncated"] += 1
+                stats["dropped_ids"].append(row.trajectory_id)
+                continue
+            stats["truncated"] += 1
+        if all(lab == -100 for lab in labels):
+            stats["dropped_malformed"] += 1
+            stats["dropped_ids"].append(row.trajectory_id)
+            continue
+        ids_col.append(ids)
+        labels_col.append(labels)
+        stats["tokens"] += len(ids)
+        stats["loss_tokens"] += sum(1 for lab in labels if lab != -100)
+    return {"input_ids": ids_col, "labels": labels_col}, stats
+
+
+def _device_kwargs(bf16: bool) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"use_cpu": not cuda, "bf16": bool(bf16 and cuda)}
+
+
+def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: str | Path, cfg: SFTConfig, *,
+              snapshot_id: str | None = None, root: str | None = None, progress: bool = True,
+              callbacks: list | None = None) -> SFTResult:
+    """Fine-tune `model_path` (a local folder or hub id) on `rows` (or on snapshot `snapshot_id` of lake `root`).
+
+    Saves the student to `out_dir` (model + tokenizer) and returns the loss curve and drop counts. Seeded: the same
+    inputs and config give the same loss sequence on the same machine.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
+
+    from training.diagnostics import DiagnosticsCallback
+
+    t0 = time.perf_counter()
+    if rows is None:
+        if snapshot_id is None or root is None:
+            raise TrainingError("train_sft needs rows, or snapshot_id together with root")
+        rows = load_snapshot(root, snapshot_id)
+    if not rows:
+        raise TrainingError("train_sft got no trajectories: the snapshot is empty; curate one first")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    set_seed(cfg.seed)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    except OSError as e:
+        raise TrainingError(f"cannot load a tokenizer from {model_path!r}: {e}") from e
+    cols, stats = tokenize_rows(tokenizer, rows, cfg)
+    if not cols["input_ids"]:
+        raise TrainingError(f"all {len(rows)} trajectories were dropped ({stats['dropped_truncated']} past "
+                            f"max_length={cfg.max_length}, {stats['dropped_malformed']} malformed); raise "
+                            f"SFTConfig.max_length or check the snapshot")
+    dataset = Dataset.from_dict(cols)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="flywheel-sft-") as scratch:
+        args = TRLSFTConfig(
+            output_dir=scratch, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
+            per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+            learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio,
+            weight_decay=cfg.weight_decay, max_length=cfg.max_length, packing=cfg.packing,
+            packing_strategy="wrapped" if cfg.packing else "bfd",
+            seed=cfg.seed, data_seed=cfg.seed, logging_steps=cfg.logging_steps, save_strategy="no",
+            report_to="none", disable_tqdm=not progress, dataloader_num_workers=0,
+            **_device_kwargs(cfg.bf16),
+        )
+        diag = DiagnosticsCallback()
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=[diag, *(callbacks or [])])
+        t1 = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t1
+        losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        trainer.save_model(str(out))
+        tokenizer.save_pretrained(str(out))
+    return SFTResult(
+        checkpoint_path=str(out), losses=losses, steps=int(trainer.state.global_step), wall_s=wall,
+        total_s=time.perf_counter() - t0, n_rows=len(rows), n_examples=len(cols["input_ids"]),
+        n_dropped_truncated=stats["dropped_truncated"], n_dropped_malformed=stats["dropped_malformed"],
+        n_truncated=stats["truncated"], n_tokens=stats["tokens"], n_loss_tokens=stats["loss_tokens"],
+        dropped_ids=stats["dropped_ids"], diagnostics=diag.summary(),
+    )
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

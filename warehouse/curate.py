@@ -1,0 +1,155 @@
+"""Curation of one round: from the run's trajectories (and human demos) to a registered training snapshot.
+
+`curate` is the plain function the `flywheel curate` command and the Prefect flow call. In order it
+  1. imports the configured human demonstrations (idempotent; invalid records are counted, not fatal),
+  2. reads the run's candidate rows (this round, and earlier rounds unless configured otherwise),
+  3. drops rows already trained on in an earlier round's snapshot (reuse_sources excepted),
+  4. applies the quality filters (held-out split, verdict, hack flags, tool-call validity, size limits),
+  5. decontaminates against the held-out tasks,
+  6. removes exact and near-duplicates, within the candidates and against earlier snapshots' rows,
+  7. mixes (source weights, caps, shares) and writes the manifest and the datasets row.
+Every candidate ends with exactly one outcome ("selected" or a drop reason); the result carries the counts by
+source, verdict and outcome as plain data, plus each row's outcome. This module does not train or roll out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tasks.spec import Task
+from warehouse.curate_config import CurateConfig, config_hash
+from warehouse.decontam import decontaminate
+from warehouse.dedup import dedup_rows
+from warehouse.demos import import_demos
+from warehouse.filters import filter_rows
+from warehouse.mixing import mix, write_snapshot
+from warehouse.record import Trajectory, from_dict
+
+SELECTED = "selected"
+IN_EARLIER_SNAPSHOT = "in_earlier_snapshot"
+INVALID_DEMO = "invalid_demo"
+
+
+class CountRow(BaseModel):
+    """How many candidates of one source and verdict ended with one outcome (selected or a drop reason)."""
+
+    source: str
+    verdict: str
+    outcome: str
+    n: int
+
+
+class CurateResult(BaseModel):
+    snapshot_id: str = Field(description="Id of the training snapshot written (manifest + datasets row).")
+    run_id: str
+    round: int
+    config_hash: str
+    manifest_path: str
+    parent_snapshot_id: str | None = Field(description="The run's latest snapshot of an earlier round, if any.")
+    n_candidates: int
+    n_selected: int
+    selected_by_source: dict[str, int]
+    selected_by_suite: dict[str, int]
+    dropped_by_reason: dict[str, int]
+    counts: list[CountRow] = Field(description="Counts by source, verdict and outcome: the table artifact.")
+    outcomes: dict[str, str] = Field(description="trajectory_id -> 'selected' or its drop reason.")
+    duplicate_of: dict[str, str] = Field(description="Dropped duplicate id -> id of the row it duplicates.")
+    contaminated_by: dict[str, str] = Field(description="Dropped contaminated id -> held-out task id.")
+    demos_written: int = 0
+    demo_errors: list[str] = Field(default_factory=list, description="One line per problem of a rejected demo.")
+
+    def table(self) -> list[dict[str, Any]]:
+        """The counts as a list of dicts (for a Prefect table artifact or a CLI table)."""
+        return [c.model_dump() for c in self.counts]
+
+
+def _read(con: Any, sql: str, params: list[object]) -> list[Trajectory]:
+    return [from_dict(d) for d in con.sql(sql, params=params).to_arrow_table().to_pylist()]
+
+
+def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tasks: list[Task]) -> CurateResult:
+    """Build and register round `round`'s training snapshot of run `run_id` (see the module docstring)."""
+    from warehouse.query import connect
+
+    demo_errors: list[str] = []
+    demos_written = 0
+    n_invalid_demos = 0
+    if cfg.demo_paths:
+        imp = import_demos(root, cfg.demo_paths, run_id=run_id, round=cfg.demo_round, suite=cfg.demo_suite,
+                           default_tools=cfg.demo_tools)
+        demos_written = imp.written
+        demo_errors = [str(e) for e in imp.errors]
+        n_invalid_demos = imp.rejected_records
+
+    con = connect(root)
+    try:
+        op = "<=" if cfg.include_earlier_rounds else "="
+        candidates = _read(con, f"SELECT * FROM trajectories WHERE run_id = ? AND CAST(round AS INTEGER) {op} ? "
+                                "ORDER BY trajectory_id", [run_id, round])
+        earlier = ("SELECT DISTINCT m.trajectory_id FROM manifests m JOIN datasets d USING (snapshot_id) "
+                   "WHERE d.run_id = ? AND d.round < ?")
+        prior = _read(con, f"SELECT * FROM trajectories WHERE trajectory_id IN ({earlier}) ORDER BY trajectory_id",
+                      [run_id, round])
+        parent = con.execute("SELECT snapshot_id FROM datasets WHERE run_id = ? AND round < ? "
+                             "ORDER BY round DESC, created_at DESC, snapshot_id LIMIT 1", [run_id, round]).fetchall()
+    finally:
+        con.close()
+
+    outcomes: dict[str, str] = {}
+    reuse = set(cfg.reuse_sources)
+    if cfg.exclude_previous_snapshots:
+        prior = [p for p in prior if p.source not in reuse]
+        prior_ids = {p.trajectory_id for p in prior}
+        rows = []
+        for r in candidates:
+            if r.trajectory_id in prior_ids:
+                outcomes[r.trajectory_id] = IN_EARLIER_SNAPSHOT
+            else:
+                rows.append(r)
+    else:
+        prior, rows = [], list(candidates)
+
+    rows, dropped = filter_rows(rows, cfg.filters)
+    outcomes.update(dropped)
+    rows, dropped, contaminated_by = decontaminate(rows, heldout_tasks, cfg.decontam)
+    outcomes.update(dropped)
+    rows, dropped, duplicate_of = dedup_rows(rows, cfg.dedup, prior)
+    outcomes.update(dropped)
+    mixed = mix(rows, cfg.mix)
+    outcomes.update(mixed.left_out)
+    for r, _w in mixed.selected:
+        outcomes[r.trajectory_id] = SELECTED
+    assert len(outcomes) == len(candidates), "every candidate must end with exactly one outcome"
+
+    by = Counter((r.source, r.verdict, outcomes[r.trajectory_id]) for r in candidates)
+    if n_invalid_demos:
+        by[("human", "n/a", INVALID_DEMO)] += n_invalid_demos
+    counts = [CountRow(source=s, verdict=v, outcome=o, n=n) for (s, v, o), n in sorted(by.items())]
+    selected_by_source = dict(sorted(Counter(r.source for r, _ in mixed.selected).items()))
+    selected_by_suite = dict(sorted(Counter(r.suite for r, _ in mixed.selected).items()))
+    dropped_by_reason = dict(sorted(Counter(o for o in outcomes.values() if o != SELECTED).items()))
+    if n_invalid_demos:
+        dropped_by_reason[INVALID_DEMO] = n_invalid_demos
+
+    cfg_hash = config_hash(cfg)
+    heldout_digest = hashlib.sha256(json.dumps(sorted(t.id for t in heldout_tasks)).encode()).hexdigest()
+    counts_json = {
+        "by_source": selected_by_source, "by_suite": selected_by_suite, "dropped_by_reason": dropped_by_reason,
+        "table": [c.model_dump() for c in counts], "n_candidates": len(candidates),
+        "heldout_tasks": len(heldout_tasks), "heldout_ids_sha256": heldout_digest,
+    }
+    parent_id = parent[0][0] if parent else None
+    sid, path = write_snapshot(root, run_id=run_id, round=round, selected=mixed.selected, cfg_hash=cfg_hash,
+                               config_json=cfg.model_dump_json(), counts=counts_json, parent_snapshot_id=parent_id)
+    return CurateResult(
+        snapshot_id=sid, run_id=run_id, round=round, config_hash=cfg_hash, manifest_path=path,
+        parent_snapshot_id=parent_id, n_candidates=len(candidates), n_selected=len(mixed.selected),
+        selected_by_source=selected_by_source, selected_by_suite=selected_by_suite,
+        dropped_by_reason=dropped_by_reason, counts=counts, outcomes=outcomes, duplicate_of=duplicate_of,
+        contaminated_by=contaminated_by, demos_written=demos_written, demo_errors=demo_errors,
+    )

@@ -1,0 +1,166 @@
+"""Configuration of curation: what a training snapshot may contain and how sources are mixed.
+
+`CurateConfig` gathers the knobs of the filters, de-duplication, decontamination, human-demo import and mixing;
+`CurriculumConfig` those of the next round's task choice. Both are plain pydantic models (a Prefect flow shows
+them as forms). `config_hash` is the hash recorded beside every snapshot made with a config.
+This module does no curation itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SourceName = Literal["teacher", "student", "human", "reference"]
+
+
+class FilterConfig(BaseModel):
+    """Which rows are good enough to train on."""
+
+    model_config = ConfigDict(extra="forbid")
+    verdicts: list[str] = Field(default_factory=lambda: ["pass"],
+                                description="Verdicts a row must have to be kept (everything else is dropped).")
+    drop_hack_flags: bool = Field(default=True, description="Drop rows with any reward-hack flag, even on a pass.")
+    max_turns: int | None = Field(default=16, description="Drop rows with more assistant turns; None: no limit.")
+    max_tool_calls: int | None = Field(default=16, description="Drop rows with more tool calls; None: no limit.")
+    max_completion_tokens: int | None = Field(
+        default=None, description="Drop rows whose recorded completion tokens exceed this; None: no limit.")
+    max_chars: int | None = Field(
+        default=16000,
+        description="Drop rows whose conversation (all message contents and tool-call arguments) is longer than "
+                    "this many characters: a tokenizer-free guard against SFT's silent drop past max_length.")
+    require_valid_tool_calls: bool = Field(
+        default=True,
+        description="Drop rows with a tool call whose tool is not declared, whose arguments are not a JSON object "
+                    "or miss a required argument, or whose tool reply names no pending call.")
+
+
+class DedupConfig(BaseModel):
+    """Exact and near-duplicate removal (MinHash/LSH from datasketch)."""
+
+    model_config = ConfigDict(extra="forbid")
+    exact: bool = Field(default=True, description="Drop rows whose normalised conversation equals a kept one.")
+    near: bool = Field(default=True, description="Drop rows whose MinHash Jaccard to a kept one reaches threshold.")
+    threshold: float = Field(
+        default=0.6, ge=0.0, le=1.0,
+        description="Jaccard similarity of token shingles at which two rows are near-duplicates. Agentic episodes "
+                    "are short: on the arithmetic suite distinct problems of one template reach about 0.55, a "
+                    "re-worded copy of one episode 0.6-0.85, and problems differing only in a name about 0.9.")
+    near_scope: Literal["all", "task"] = Field(
+        default="all",
+        description="'all': any two rows can be near-duplicates; 'task': only rows of the same suite and task.")
+    num_perm: int = Field(default=128, ge=16, le=1024, description="MinHash permutations (accuracy vs. speed).")
+    shingle: int = Field(default=3, ge=1, le=16, description="Tokens per shingle.")
+    include_system: bool = Field(
+        default=False,
+        description="Include system messages in near-duplicate shingles. Off: the shared tool instructions would "
+                    "make every pair of rows look alike.")
+    prefer: list[SourceName] = Field(
+        default_factory=lambda: ["human", "teacher", "student", "reference"],
+        description="Which copy of a duplicate group survives: earlier sources in this list first, then the "
+                    "earlier round, the lower sample index, the smaller trajectory id.")
+
+
+class DecontamConfig(BaseModel):
+    """Removal of training rows that overlap the held-out split."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(default=True, description="Run decontamination against the held-out tasks given.")
+    ngram: int = Field(default=8, ge=2, le=32,
+                       description="Token n-gram size; a held-out prompt shorter than this is one n-gram whole.")
+    threshold: float = Field(
+        default=0.8, gt=0.0, le=1.0,
+        description="Share of a held-out prompt's n-grams (weighted by rarity across all task prompts, so template "
+                    "phrases count little) that a training row must contain to be dropped as contaminated.")
+
+
+class MixConfig(BaseModel):
+    """How kept rows from each source become one training snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+    source_weights: dict[str, float] = Field(
+        default_factory=lambda: {"teacher": 1.0, "human": 2.0, "student": 0.5, "reference": 1.0},
+        description="Per-example training weight by source, written into the manifest's weight column. A source "
+                    "missing here has weight 0 and is left out of the snapshot.")
+    source_ratios: dict[str, float] | None = Field(
+        default=None,
+        description="Target share of the snapshot per source (normalised to sum 1), e.g. {'teacher': 0.7, "
+                    "'human': 0.1, 'student': 0.2}. The snapshot is then the largest that meets the shares "
+                    "without repeating rows. None: take every kept row of every weighted source.")
+    max_per_task: int | None = Field(default=4, ge=1, description="At most this many examples per task.")
+    max_per_suite: int | None = Field(default=None, ge=1, description="At most this many examples per suite.")
+    difficulty_ratios: dict[int, float] | None = Field(
+        default=None,
+        description="Target share per difficulty level (normalised to sum 1), e.g. {1: 0.3, 2: 0.4, 3: 0.3}; "
+                    "levels not named are left out. None: no balancing.")
+    max_examples: int | None = Field(default=None, ge=1, description="At most this many examples in the snapshot.")
+    seed: int = Field(default=0, description="Seed of the deterministic choice among rows when a cap or share bites.")
+
+
+class CurateConfig(BaseModel):
+    """Everything that decides which trajectories a round's training snapshot holds."""
+
+    model_config = ConfigDict(extra="forbid")
+    filters: FilterConfig = Field(default_factory=FilterConfig, description="Quality filters.")
+    dedup: DedupConfig = Field(default_factory=DedupConfig, description="Exact and near-duplicate removal.")
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="Held-out decontamination.")
+    mix: MixConfig = Field(default_factory=MixConfig, description="Source mixing, caps and difficulty balance.")
+    include_earlier_rounds: bool = Field(
+        default=True,
+        description="Candidates are the run's rows of this round and of every earlier round (so earlier student "
+                    "successes and human demos stay available); off: this round's rows only.")
+    exclude_previous_snapshots: bool = Field(
+        default=True,
+        description="Drop rows already trained on in an earlier round's snapshot of the run, by id or by "
+                    "(near-)duplicate content. Turn off when each round trains from the base model on everything.")
+    reuse_sources: list[SourceName] = Field(
+        default_factory=lambda: ["human"],
+        description="Sources whose rows may appear again in later snapshots even when exclude_previous_snapshots "
+                    "is on (the few human demos).")
+    demo_paths: list[str] = Field(
+        default_factory=list,
+        description="Human demonstrations to import before curating (JSONL files, Parquet files or datasets "
+                    "folders); imported idempotently into round demo_round of the run, so they are candidates of "
+                    "every later round while include_earlier_rounds is on.")
+    demo_round: int = Field(default=0, ge=0, description="Round under which imported demos are stored.")
+    demo_suite: str = Field(default="human", description="Suite of demos whose records name none.")
+    demo_tools: list[str] | None = Field(
+        default=None, description="Tool names (from tasks.tools) for demos whose records declare no tools.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CurateConfig:
+        for name, ratios in (("mix.source_ratios", self.mix.source_ratios),
+                             ("mix.difficulty_ratios", self.mix.difficulty_ratios)):
+            if ratios is not None and (any(v < 0 for v in ratios.values()) or sum(ratios.values()) <= 0):
+                raise ValueError(f"{name} {ratios!r}: shares must be >= 0 with a positive sum")
+        if any(w < 0 for w in self.mix.source_weights.values()):
+            raise ValueError(f"mix.source_weights {self.mix.source_weights!r}: weights must be >= 0")
+        return self
+
+
+class CurriculumConfig(BaseModel):
+    """How the next round's tasks are chosen from the pass@k history."""
+
+    model_config = ConfigDict(extra="forbid")
+    k: int = Field(default=4, ge=1, description="k of the pass@k reported per task and round.")
+    teacher_below: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="A task goes to the teacher when the student's success rate on it in its latest attempted "
+                    "round is below this.")
+    unseen_to_teacher: bool = Field(default=True,
+                                    description="Tasks the student never attempted go to the teacher.")
+    unseen_to_grpo: bool = Field(default=True,
+                                 description="Tasks the student never attempted go to GRPO (their advantage is "
+                                             "unknown, not zero).")
+    grpo_window: int | None = Field(
+        default=None, ge=1,
+        description="Judge 'always passed / always failed' over the student's last N attempted rounds; None: all.")
+
+
+def config_hash(cfg: BaseModel) -> str:
+    """sha256 of the config's canonical JSON: the same settings give the same hash in any process."""
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()

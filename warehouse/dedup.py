@@ -1,0 +1,165 @@
+"""De-duplication of training rows: exact (hash of the normalised conversation) and near (MinHash/LSH).
+
+Normalisation drops what differs between copies of the same episode without changing what a model learns from
+it: tool-call ids, whitespace runs, the key order and spacing of JSON arguments. Near-duplicates are found with
+datasketch's MinHash and MinHashLSH over token shingles of the conversation (system messages left out by default:
+shared tool instructions would make every pair alike); each LSH candidate is confirmed by the exact Jaccard
+similarity of the two shingle sets, so the estimate's noise never drops a row. Rows from earlier snapshots can be loaded as "prior": a candidate matching one is dropped
+with its own reason. Which copy survives is deterministic (DedupConfig.prefer, then round, sample index, id).
+This module reads no files and does not filter on quality.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+
+from datasketch import MinHash, MinHashLSH
+
+from warehouse.curate_config import DedupConfig
+from warehouse.record import Message, Trajectory
+
+DUP_EXACT = "dup_exact"
+DUP_NEAR = "dup_near"
+DUP_EXACT_EARLIER = "dup_exact_earlier_snapshot"
+DUP_NEAR_EARLIER = "dup_near_earlier_snapshot"
+
+_WS = re.compile(r"\s+")
+_TOKEN = re.compile(r"[a-z_]+|\d+(?:\.\d+)?|[+\-*/=<>%^]")
+_MINHASH_SEED = 1
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-cased word, number and operator tokens; other punctuation is dropped."""
+    return _TOKEN.findall(text.lower())
+
+
+def _canon_args(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (json.JSONDecodeError, TypeError):
+        return _WS.sub(" ", arguments or "").strip()
+
+
+def normalised(messages: list[Message]) -> list[list[object]]:
+    """The conversation without ids and formatting noise: [role, content, [[tool, canonical args], ...]]."""
+    out: list[list[object]] = []
+    for m in messages:
+        content = _WS.sub(" ", m.content or "").strip()
+        calls = [[c.function.name, _canon_args(c.function.arguments)] for c in (m.tool_calls or [])]
+        out.append([m.role, content, calls])
+    return out
+
+
+def content_hash(row: Trajectory) -> str:
+    """sha256 of the normalised conversation: equal for exact duplicates."""
+    blob = json.dumps(normalised(row.messages), separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def row_text(row: Trajectory, *, include_system: bool = False) -> str:
+    """Contents and tool-call arguments of the conversation, one message per line."""
+    parts: list[str] = []
+    for m in row.messages:
+        if m.role == "system" and not include_system:
+            continue
+        if m.content:
+            parts.append(m.content)
+        for c in m.tool_calls or []:
+            try:
+                args = json.loads(c.function.arguments)
+                vals = [str(v) for v in args.values()] if isinstance(args, dict) else [str(args)]
+            except (json.JSONDecodeError, TypeError):
+                vals = [c.function.arguments or ""]
+            parts.append(" ".join([c.function.name, *vals]))
+    return "\n".join(parts)
+
+
+def shingles(text: str, size: int) -> set[bytes]:
+    toks = tokens(text)
+    if len(toks) < size:
+        return {" ".join(toks).encode()} if toks else set()
+    return {" ".join(toks[i : i + size]).encode() for i in range(len(toks) - size + 1)}
+
+
+def minhashes(sets: list[set[bytes]], cfg: DedupConfig) -> list[MinHash | None]:
+    """One MinHash per shingle set (None for an empty set)."""
+    present = [s for s in sets if s]
+    hashed = iter(MinHash.bulk([list(s) for s in present], num_perm=cfg.num_perm, seed=_MINHASH_SEED))
+    return [next(hashed) if s else None for s in sets]
+
+
+def jaccard(a: set[bytes], b: set[bytes]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def preference_key(row: Trajectory, cfg: DedupConfig) -> tuple[int, int, int, str]:
+    """Survivor order within a duplicate group: preferred source, earlier round, lower sample index, smaller id."""
+    order = {s: i for i, s in enumerate(cfg.prefer)}
+    return (order.get(row.source, len(order)), row.round, row.sample_index, row.trajectory_id)
+
+
+def dedup_rows(
+    rows: Iterable[Trajectory], cfg: DedupConfig, prior: Iterable[Trajectory] = ()
+) -> tuple[list[Trajectory], dict[str, str], dict[str, str]]:
+    """Remove exact and near-duplicates among rows, and rows that duplicate a prior (earlier snapshot) row.
+
+    Returns (kept rows in preference order, {dropped id: reason}, {dropped id: id of the row it duplicates}).
+    Reasons: dup_exact, dup_near, dup_exact_earlier_snapshot, dup_near_earlier_snapshot.
+    """
+    rows = sorted(rows, key=lambda r: preference_key(r, cfg))
+    prior = list(prior)
+    kept: list[Trajectory] = []
+    dropped: dict[str, str] = {}
+    dup_of: dict[str, str] = {}
+    if not cfg.exact and not cfg.near:
+        return rows, dropped, dup_of
+
+    exact_seen: dict[str, tuple[str, bool]] = {}  # hash -> (id, is_prior)
+    # LSH finds candidates with a lower threshold (recall); each is confirmed by its exact Jaccard similarity.
+    lsh = MinHashLSH(threshold=max(0.05, cfg.threshold - 0.15), num_perm=cfg.num_perm) if cfg.near else None
+    indexed: dict[str, tuple[set[bytes], bool, str]] = {}  # id -> (shingles, is_prior, task key)
+
+    def shingle_sets(rs: list[Trajectory]) -> list[set[bytes]]:
+        return [shingles(row_text(r, include_system=cfg.include_system), cfg.shingle) for r in rs]
+
+    prior_sets = shingle_sets(prior) if cfg.near else [set() for _ in prior]
+    for p, sh, mh in zip(prior, prior_sets, minhashes(prior_sets, cfg) if cfg.near else [None] * len(prior)):
+        if cfg.exact:
+            exact_seen.setdefault(content_hash(p), (p.trajectory_id, True))
+        if lsh is not None and mh is not None and p.trajectory_id not in indexed:
+            lsh.insert(p.trajectory_id, mh)
+            indexed[p.trajectory_id] = (sh, True, f"{p.suite}/{p.task_id}")
+
+    row_sets = shingle_sets(rows) if cfg.near else [set() for _ in rows]
+    for r, sh, mh in zip(rows, row_sets, minhashes(row_sets, cfg) if cfg.near else [None] * len(rows)):
+        h = content_hash(r) if cfg.exact else ""
+        if cfg.exact:
+            hit = exact_seen.get(h)
+            if hit is not None:
+                dropped[r.trajectory_id] = DUP_EXACT_EARLIER if hit[1] else DUP_EXACT
+                dup_of[r.trajectory_id] = hit[0]
+                continue
+        task_key = f"{r.suite}/{r.task_id}"
+        if lsh is not None and mh is not None:
+            best: tuple[float, str, bool] | None = None
+            for key in lsh.query(mh):
+                other, is_prior, other_task = indexed[key]
+                if cfg.near_scope == "task" and other_task != task_key:
+                    continue
+                j = jaccard(sh, other)
+                if j >= cfg.threshold and (best is None or (j, key) > (best[0], best[1])):
+                    best = (j, key, is_prior)
+            if best is not None:
+                dropped[r.trajectory_id] = DUP_NEAR_EARLIER if best[2] else DUP_NEAR
+                dup_of[r.trajectory_id] = best[1]
+                continue
+            if r.trajectory_id not in indexed:
+                lsh.insert(r.trajectory_id, mh)
+                indexed[r.trajectory_id] = (sh, False, task_key)
+        if cfg.exact:
+            exact_seen[h] = (r.trajectory_id, False)
+        kept.append(r)
+    return kept, dropped, dup_of

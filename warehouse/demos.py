@@ -1,0 +1,300 @@
+"""Human demonstrations: load chat-format conversations with tools, validate them, store them as trajectories.
+
+Accepted inputs: a JSONL file (one record per line), a Parquet file (one record per row) or a folder written by
+`datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`. A record is an object with
+  messages         list of {role, content, tool_calls?, tool_call_id?, name?} (OpenAI / TRL chat format;
+                   tool-call arguments may be a JSON string or an object)
+  tools            OpenAI function schemas, a JSON string of them, or tool names known to tasks.tools
+                   (optional when the importer is given default tools)
+  task_id, suite, difficulty, split, author      optional provenance
+  expected_answer  optional: when present the final 'Answer: N' is checked numerically (verdict pass or fail);
+                   without it the demo is accepted as a pass and verifier_details_json says it was not checked.
+Validation (warehouse.filters.conversation_problems) names the record: file, line (JSONL, 1-based) or row
+(Parquet/datasets, 0-based), and the field. Tool calls without ids answered by tool messages without
+tool_call_id are paired in order and given ids; a half-labelled pairing is an error.
+Rows get source "human" and deterministic ids (hash of run, round and normalised content), so importing the same
+file again writes nothing. This module does not curate or mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.tools import TOOLS
+from tasks.verify import extract_answer, numbers_match
+from warehouse.dedup import normalised
+from warehouse.filters import conversation_problems, tool_names
+from warehouse.record import Message, Trajectory
+
+HUMAN_VERIFIER = "human"
+HUMAN_VERIFIER_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class DemoError:
+    """One problem of one demo record."""
+
+    file: str
+    where: str  # "line 3" (JSONL) or "row 3" (Parquet, datasets)
+    field: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.file} {self.where}: {self.field}: {self.problem}"
+
+
+class DemoImportError(ValueError):
+    """Demos could not be imported (unreadable file, or invalid records in strict mode); lists every problem."""
+
+    def __init__(self, errors: list[DemoError] | str):
+        self.errors = errors if isinstance(errors, list) else []
+        text = errors if isinstance(errors, str) else "\n".join(str(e) for e in errors)
+        super().__init__(text)
+
+
+@dataclass
+class DemoImportResult:
+    """What an import did: rows accepted (written now or already present), records rejected and why."""
+
+    rows: list[Trajectory] = field(default_factory=list)
+    written: int = 0
+    skipped: int = 0
+    errors: list[DemoError] = field(default_factory=list)
+
+    @property
+    def rejected_records(self) -> int:
+        return len({(e.file, e.where) for e in self.errors})
+
+
+def read_records(path: str) -> list[tuple[str, Any]]:
+    """(where, record) pairs of one input; raises DemoImportError when the input cannot be read at all."""
+    if os.path.isdir(path):
+        try:
+            import datasets
+        except ImportError as e:  # pragma: no cover - datasets is a project dependency
+            raise DemoImportError(f"{path}: reading a datasets folder needs the 'datasets' package ({e})") from e
+        try:
+            ds = datasets.load_from_disk(path)
+        except (FileNotFoundError, ValueError) as e:
+            raise DemoImportError(f"{path}: not a folder written by datasets' save_to_disk ({e}); "
+                                  f"pass a .jsonl or .parquet file or such a folder") from e
+        if isinstance(ds, datasets.DatasetDict):
+            return [(f"{split} row {i}", rec) for split in sorted(ds) for i, rec in enumerate(ds[split])]
+        return [(f"row {i}", rec) for i, rec in enumerate(ds)]
+    if not os.path.exists(path):
+        raise DemoImportError(f"{path}: no such file or folder")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            recs = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises several unrelated types for a bad file
+            raise DemoImportError(f"{path}: not a readable Parquet file ({e})") from e
+        return [(f"row {i}", rec) for i, rec in enumerate(recs)]
+    if path.endswith(".jsonl"):
+        out: list[tuple[str, Any]] = []
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append((f"line {n}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    out.append((f"line {n}", _Unparsable(f"is not valid JSON ({e.msg} at column {e.colno})")))
+        return out
+    raise DemoImportError(f"{path}: unknown demo format; use a .jsonl or .parquet file or a datasets folder")
+
+
+@dataclass(frozen=True)
+class _Unparsable:
+    problem: str
+
+
+def _content(v: Any) -> Any:
+    # content parts: [{"type": "text", "text": ...}]
+    if isinstance(v, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in v
+    ):
+        return "".join(p["text"] for p in v)
+    return v
+
+
+def _prepare_messages(raw: list[Any]) -> list[Any]:
+    """Copy messages into plain OpenAI form: argument objects as JSON strings, text parts joined, and ids
+    given to calls that have none when their tool replies carry none either (paired in order)."""
+    msgs: list[Any] = []
+    for m in raw:
+        if not isinstance(m, dict):
+            msgs.append(m)
+            continue
+        m = {k: v for k, v in m.items() if v is not None or k == "content"}
+        m["content"] = _content(m.get("content"))
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            fixed = []
+            for c in calls:
+                if isinstance(c, dict):
+                    c = {k: v for k, v in c.items() if v is not None}
+                    fn = dict(c.get("function") or {}) if isinstance(c.get("function"), dict) else c.get("function")
+                    if isinstance(fn, dict) and isinstance(fn.get("arguments"), dict):
+                        # Arrow-backed inputs give every argument object the union of keys, absent ones null.
+                        fn["arguments"] = json.dumps({k: v for k, v in fn["arguments"].items() if v is not None})
+                    c["function"] = fn
+                    c.setdefault("type", "function")
+                fixed.append(c)
+            m["tool_calls"] = fixed or None
+            if not fixed:
+                m.pop("tool_calls")
+        msgs.append(m)
+    # pair id-less calls with id-less tool replies, in order
+    for i, m in enumerate(msgs):
+        calls = m.get("tool_calls") if isinstance(m, dict) and m.get("role") == "assistant" else None
+        if not calls or any(isinstance(c, dict) and c.get("id") for c in calls):
+            continue
+        replies = []
+        for r in msgs[i + 1 :]:
+            if not isinstance(r, dict) or r.get("role") != "tool":
+                break
+            replies.append(r)
+        if len(replies) == len(calls) and not any(r.get("tool_call_id") for r in replies):
+            for j, (c, r) in enumerate(zip(calls, replies)):
+                if isinstance(c, dict):
+                    c["id"] = r["tool_call_id"] = f"call_{i}_{j}"
+    return msgs
+
+
+def _tools(rec: dict[str, Any], default_tools: list[str] | None) -> tuple[list[dict[str, Any]] | None, str | None]:
+    tools = rec.get("tools")
+    if tools is None:
+        if default_tools is None:
+            return None, "is missing (declare the tools the demo may call, or pass default tools to the importer)"
+        tools = default_tools
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            return None, f"is a string but not JSON ({e.msg})"
+    if not isinstance(tools, list):
+        return None, "must be a list of tool schemas or tool names"
+    out = []
+    for t in tools:
+        if isinstance(t, str):
+            if t not in TOOLS:
+                return None, f"names unknown tool {t!r}; known: {sorted(TOOLS)} (or give its full schema)"
+            out.append(TOOLS[t])
+        else:
+            out.append(t)
+    try:
+        tool_names(out)
+    except ValueError as e:
+        return None, str(e)
+    return out, None
+
+
+def record_to_row(
+    rec: Any, *, file: str, where: str, run_id: str, round: int, suite: str, default_tools: list[str] | None
+) -> tuple[Trajectory | None, list[DemoError]]:
+    """One record -> (a Trajectory with source human, []) or (None, its problems)."""
+    def err(fld: str, problem: str) -> DemoError:
+        return DemoError(file, where, fld, problem)
+
+    if isinstance(rec, _Unparsable):
+        return None, [err("record", rec.problem)]
+    if not isinstance(rec, dict):
+        return None, [err("record", f"must be an object, got {type(rec).__name__}")]
+    raw = rec.get("messages")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            return None, [err("messages", f"is a string but not JSON ({e.msg})")]
+    if not isinstance(raw, list):
+        return None, [err("messages", "is missing or not a list")]
+    tools, tools_problem = _tools(rec, default_tools)
+    if tools_problem is not None:
+        return None, [err("tools", tools_problem)]
+    assert tools is not None
+    msgs = _prepare_messages(raw)
+    problems = conversation_problems(msgs, tool_names(tools))
+    if problems:
+        return None, [err(f, p) for f, p in problems]
+    try:
+        messages = [Message.model_validate({k: v for k, v in m.items() if k in Message.model_fields}) for m in msgs]
+    except ValueError as e:
+        return None, [err("messages", f"does not fit the chat message schema: {e}")]
+
+    first_user = next((m.content or "" for m in messages if m.role == "user"), "")
+    task_id = rec.get("task_id") or "human-" + hashlib.sha256(" ".join(first_user.split()).encode()).hexdigest()[:12]
+    split = rec.get("split") or "train"
+    if split not in ("train", "heldout"):
+        return None, [err("split", f"{split!r} must be 'train' or 'heldout'")]
+    try:
+        difficulty = int(rec.get("difficulty") or 0)
+    except (TypeError, ValueError):
+        return None, [err("difficulty", f"{rec.get('difficulty')!r} is not an integer")]
+    expected = rec.get("expected_answer")
+    answer = extract_answer(messages)
+    details: dict[str, Any] = {"origin": f"{file} {where}"}
+    if expected is not None:
+        ok = answer is not None and numbers_match(answer, str(expected), 1e-6)
+        verdict, verifier = ("pass" if ok else "fail"), "numeric"
+        details.update(verified=True, expected=str(expected), got=answer)
+    else:
+        verdict, verifier = "pass", HUMAN_VERIFIER
+        details.update(verified=False, note="human demonstration accepted as correct without a machine check")
+    tools_json = json.dumps(tools, sort_keys=True)
+    key = json.dumps(["human", run_id, round, normalised(messages), tools_json], separators=(",", ":"))
+    author = rec.get("author")
+    row = Trajectory(
+        trajectory_id=hashlib.sha256(key.encode()).hexdigest()[:32],
+        run_id=run_id, round=round, source="human", policy=f"human:{author}" if author else "human",
+        task_id=str(task_id), suite=str(rec.get("suite") or suite), split=split,
+        task_version=str(rec.get("task_version") or "human"), difficulty=difficulty,
+        verifier=verifier, verifier_version=HUMAN_VERIFIER_VERSION, messages=messages, tools_json=tools_json,
+        answer=answer, reward=1.0 if verdict == "pass" else 0.0, success=verdict == "pass", verdict=verdict,
+        verifier_details_json=json.dumps(details, sort_keys=True),
+        turns=sum(1 for m in messages if m.role == "assistant"),
+        n_tool_calls=sum(len(m.tool_calls or []) for m in messages),
+    )
+    return row, []
+
+
+def load_demos(
+    paths: list[str], *, run_id: str, round: int = 0, suite: str = "human", default_tools: list[str] | None = None
+) -> tuple[list[Trajectory], list[DemoError]]:
+    """Read and validate demos from files/folders; (valid rows, problems of the invalid records). Writes nothing.
+
+    Raises DemoImportError when an input cannot be read at all (missing file, unknown format).
+    """
+    rows: list[Trajectory] = []
+    errors: list[DemoError] = []
+    for path in paths:
+        for where, rec in read_records(path):
+            row, errs = record_to_row(rec, file=path, where=where, run_id=run_id, round=round, suite=suite,
+                                      default_tools=default_tools)
+            errors.extend(errs)
+            if row is not None:
+                rows.append(row)
+    return rows, errors
+
+
+def import_demos(
+    root: str, paths: list[str], *, run_id: str, round: int = 0, suite: str = "human",
+    default_tools: list[str] | None = None, strict: bool = False,
+) -> DemoImportResult:
+    """Load, validate and write demos into the lake (idempotent). Invalid records are skipped and reported in
+    the result; with strict=True any invalid record raises DemoImportError (listing all) and nothing is written.
+    """
+    from warehouse.lake import write_trajectories
+
+    rows, errors = load_demos(paths, run_id=run_id, round=round, suite=suite, default_tools=default_tools)
+    if strict and errors:
+        raise DemoImportError(errors)
+    res = write_trajectories(root, rows) if rows else None
+    unique = list({r.trajectory_id: r for r in rows}.values())
+    return DemoImportResult(rows=unique, written=res.written if res else 0, skipped=res.skipped if res else 0,
+                            errors=errors)

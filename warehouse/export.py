@@ -1,0 +1,206 @@
+"""Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format.
+
+Both exports select de-duplicated trajectories with an optional SQL WHERE clause and/or simple filters (verdict,
+suite, split, source, run_id, round), in a stable order (run_id, round, created_at, trajectory_id).
+
+- JSONL: one object per line, {"messages": [...], "tools": [...]} (TRL's conversational format with tools;
+  `metadata=True` adds trajectory_id, run_id, round, source, policy, task_id, suite, split, verdict, reward).
+  Messages are OpenAI-style: role, content, and tool_calls / tool_call_id / name only when present. Tool-call
+  arguments stay the JSON string the model produced (arguments_as="string"); arguments_as="object" parses them,
+  which chat templates that do `arguments | tojson` (TRL's qwen2_5) need to avoid double encoding.
+- datasets folder (`datasets.load_from_disk(path)` works): columns messages (list of structs, absent fields
+  null), tools (a JSON string: TRL's SFTTrainer json-decodes a string `tools` column), plus the metadata columns.
+
+Both write atomically (temp name, then rename) and refuse to overwrite unless overwrite=True. This module does
+not curate or mix (curate.py does); it only selects and formats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from warehouse.query import QueryError, iter_trajectories, query
+
+METADATA_COLUMNS = ("trajectory_id", "run_id", "round", "source", "policy", "task_id", "suite", "split", "verdict",
+                    "reward")
+ArgumentsAs = Literal["string", "object"]
+
+
+class ExportError(Exception):
+    """An export was refused: existing output, bad filter, unparseable tool arguments in object mode."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: str
+    n_rows: int
+    fmt: str
+
+
+def _sql_str(s: str) -> str:
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+def build_where(
+    where: str | None = None,
+    *,
+    verdict: str | Sequence[str] | None = None,
+    suite: str | Sequence[str] | None = None,
+    split: str | Sequence[str] | None = None,
+    source: str | Sequence[str] | None = None,
+    run_id: str | Sequence[str] | None = None,
+    round: int | Sequence[int] | None = None,
+) -> str | None:
+    """Combine a raw SQL WHERE clause with equality/IN filters into one clause (None when there is no filter)."""
+    clauses = [f"({where})"] if where and where.strip() else []
+    for col, val in (("verdict", verdict), ("suite", suite), ("split", split), ("source", source),
+                     ("run_id", run_id)):
+        if val is None:
+            continue
+        vals = [val] if isinstance(val, str) else list(val)
+        if vals:
+            clauses.append(f'"{col}" IN ({", ".join(_sql_str(v) for v in vals)})')
+    if round is not None:
+        rounds = [round] if isinstance(round, int) else list(round)
+        if not all(isinstance(r, int) for r in rounds):
+            raise ExportError(f"round filter {round!r} must be integers")
+        if rounds:
+            clauses.append(f"round IN ({', '.join(str(r) for r in rounds)})")
+    return " AND ".join(clauses) if clauses else None
+
+
+def _message(m: dict[str, Any], arguments_as: ArgumentsAs, tid: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m["role"], "content": m.get("content")}
+    calls = m.get("tool_calls")
+    if calls:
+        conv = []
+        for c in calls:
+            fn = dict(c["function"])
+            if arguments_as == "object":
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"])
+                except (TypeError, ValueError) as e:
+                    raise ExportError(
+                        f"trajectory {tid}: tool call {c.get('id')} has arguments that are not JSON "
+                        f"({fn['arguments']!r:.80}); export with arguments_as='string' or filter it out"
+                    ) from e
+            conv.append({"id": c["id"], "type": c.get("type") or "function", "function": fn})
+        out["tool_calls"] = conv
+    if m.get("tool_call_id") is not None:
+        out["tool_call_id"] = m["tool_call_id"]
+    if m.get("name") is not None:
+        out["name"] = m["name"]
+    return out
+
+
+def to_trl_example(row: dict[str, Any], arguments_as: ArgumentsAs = "string",
+                   metadata: bool = False) -> dict[str, Any]:
+    """One trajectory (a dict as read from the lake, or Trajectory.model_dump()) -> {"messages", "tools"}."""
+    tid = row.get("trajectory_id", "?")
+    ex: dict[str, Any] = {
+        "messages": [_message(m, arguments_as, tid) for m in row["messages"]],
+        "tools": json.loads(row.get("tools_json") or "[]"),
+    }
+    if metadata:
+        ex.update({k: row.get(k) for k in METADATA_COLUMNS})
+    return ex
+
+
+def _check_out(path: str, overwrite: bool) -> None:
+    if os.path.exists(path) and not overwrite:
+        raise ExportError(f"{path} already exists: choose another output path or pass overwrite=True")
+
+
+def _iter_rows(root: str, where: str | None) -> Iterable[dict[str, Any]]:
+    try:
+        for batch in iter_trajectories(root, where):
+            yield from batch.to_pylist()
+    except QueryError as e:
+        raise ExportError(f"cannot select trajectories WHERE {where!r}: {e}") from e
+
+
+def export_jsonl(root: str, out_path: str, where: str | None = None, *, arguments_as: ArgumentsAs = "string",
+                 metadata: bool = False, overwrite: bool = False, **filters: Any) -> ExportResult:
+    """Write the selected trajectories to out_path as JSONL in TRL's messages-plus-tools format.
+    filters: verdict, suite, split, source, run_id, round (see build_where)."""
+    _check_out(out_path, overwrite)
+    clause = build_where(where, **filters)
+    folder = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(out_path)}.{uuid.uuid4().hex[:8]}.tmp")
+    n = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in _iter_rows(root, clause):
+                f.write(json.dumps(to_trl_example(row, arguments_as, metadata), ensure_ascii=False, default=str))
+                f.write("\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return ExportResult(path=out_path, n_rows=n, fmt="jsonl")
+
+
+def export_datasets(root: str, out_dir: str, where: str | None = None, *, overwrite: bool = False,
+                    **filters: Any) -> ExportResult:
+    """Write the selected trajectories as a datasets folder (datasets.load_from_disk(out_dir) reads it back).
+    Columns: messages, tools (JSON string), trajectory_id, run_id, round, source, policy, task_id, suite, split,
+    verdict, reward. filters: verdict, suite, split, source, run_id, round."""
+    import datasets  # heavy import, only here
+
+    _check_out(out_dir, overwrite)
+    clause = build_where(where, **filters)
+    meta = ", ".join(f'"{c}"' for c in METADATA_COLUMNS)
+    sql = f"SELECT messages, tools_json AS tools, {meta} FROM trajectories"
+    if clause:
+        sql += f" WHERE {clause}"
+    sql += " ORDER BY run_id, round, created_at, trajectory_id"
+    try:
+        table: pa.Table = query(root, sql)
+    except QueryError as e:
+        raise ExportError(f"cannot select trajectories WHERE {clause!r}: {e}") from e
+    ds = datasets.Dataset(datasets.table.InMemoryTable(table))
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        ds.save_to_disk(tmp)
+        if os.path.isdir(out_dir):  # overwrite=True (checked above)
+            shutil.rmtree(out_dir)
+        elif os.path.exists(out_dir):
+            os.unlink(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+    return ExportResult(path=out_dir, n_rows=table.num_rows, fmt="datasets")
+
+
+def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets"] = "jsonl", where: str | None = None,
+                   verdict: list[str] | None = None, suite: list[str] | None = None, split: list[str] | None = None,
+                   source: list[str] | None = None, run_id: list[str] | None = None, round: list[int] | None = None,
+                   arguments_as: ArgumentsAs = "string", metadata: bool = False,
+                   overwrite: bool = False) -> ExportResult:
+    """`flywheel export`: one entry point for both formats; prints nothing, returns what it wrote."""
+    filters = {"verdict": verdict or None, "suite": suite or None, "split": split or None,
+               "source": source or None, "run_id": run_id or None, "round": round or None}
+    if fmt == "jsonl":
+        return export_jsonl(root, out, where, arguments_as=arguments_as, metadata=metadata, overwrite=overwrite,
+                            **filters)
+    if fmt == "datasets":
+        if arguments_as != "string":
+            raise ExportError("a datasets folder keeps tool arguments as JSON strings (Arrow needs one type per "
+                              "column); use --format jsonl for arguments as objects")
+        return export_datasets(root, out, where, overwrite=overwrite, **filters)
+    raise ExportError(f"unknown export format {fmt!r}: choose jsonl or datasets")

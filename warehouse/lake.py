@@ -1,0 +1,582 @@
+"""Writing the trajectory lake: atomic, idempotent Parquet batches in a hive-partitioned tree.
+
+Layout under ROOT (a local folder, a file:// URL, or any fsspec URL such as s3://... or memory://...):
+  trajectories/run=<run_id>/round=<r>/part-<uuid>.parquet   rows of TRAJECTORY_SCHEMA minus run_id and round
+  datasets|rounds|checkpoints/part-<uuid>.parquet           side tables (schemas in tables.py)
+  snapshots/<snapshot_id>/manifest.parquet                  one row per training example of a snapshot
+  quarantine/                                               corrupt files moved aside by query.py
+
+Guarantees. A batch becomes visible whole or not at all: on a local disk it is written under a hidden temp name
+(`.part-<uuid>.parquet.tmp`, which no reader globs) in the destination folder, fsynced, renamed into place, and
+the folder is fsynced; on an object store a single PUT is already all-or-nothing. Ingestion is idempotent: ids
+already present in the (run, round) partition are skipped, so a retried batch or a restarted run adds no rows.
+If two writers race on the same ids both files land; readers (query.py) de-duplicate by trajectory_id. Each file
+records (Parquet key-value metadata `flywheel.seen`) a digest of the files its writer saw, so readers can tell
+race-free partitions (every file saw exactly the files before it) and skip de-duplicating them. compact() merges
+a partition's files into one.
+
+This module does not read for analysis (query.py does) and does not open DuckDB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import math
+import os
+import re
+import secrets
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlparse
+
+import fsspec
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.json as pj
+import pyarrow.parquet as pq
+
+from warehouse.record import PARTITION_COLUMNS, TRAJECTORY_SCHEMA, Trajectory, to_table
+from warehouse.tables import (
+    MANIFEST_FILE,
+    MANIFEST_SCHEMA,
+    QUARANTINE_DIR,
+    REQUIRED_COLUMNS,
+    SIDE_TABLES,
+    SNAPSHOTS_DIR,
+    TRAJECTORIES_DIR,
+)
+
+log = logging.getLogger(__name__)
+
+# Files inside a partition hold the record minus the partition columns (they live in the folder names).
+FILE_SCHEMA = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in PARTITION_COLUMNS])
+
+PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "row_group_size": 64 * 1024,
+    "write_page_checksum": True,
+}
+TEMP_SUFFIX = ".tmp"
+_PARTITION_VALUE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+class LakeError(Exception):
+    """A write or read of the lake was refused: bad root, bad partition value, bad table name, bad rows."""
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What write_trajectories did: rows written, rows skipped (already present or repeated in the batch), files."""
+
+    written: int
+    skipped: int
+    paths: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One data file of the lake: its path (as the filesystem names it), size and modification time."""
+
+    path: str
+    size: int
+    mtime: float | None
+
+
+class Lake:
+    """A resolved lake root: local folder (plain os calls, fsync) or an fsspec filesystem (object stores)."""
+
+    def __init__(self, root: str):
+        if not isinstance(root, str) or not root.strip():
+            raise LakeError(f"lake root {root!r} is empty: pass a folder path or a URL such as file:///data/lake")
+        self.root = root
+        parsed = urlparse(root)
+        if "://" not in root or parsed.scheme in ("", "file", "local"):
+            path = parsed.path if "://" in root else root
+            if "://" in root and parsed.netloc not in ("", "localhost"):
+                raise LakeError(f"lake root {root!r}: a file:// URL needs three slashes, e.g. file:///data/lake")
+            self.local = True
+            self.fs: fsspec.AbstractFileSystem | None = None
+            self.base = os.path.abspath(os.path.expanduser(path))
+            self.arrow_fs: pafs.FileSystem = pafs.LocalFileSystem()
+        else:
+            try:
+                fs, path = fsspec.core.url_to_fs(root)
+            except (ImportError, ValueError) as e:
+                raise LakeError(
+                    f"lake root {root!r}: no filesystem for scheme {parsed.scheme!r} ({e}); "
+                    f"install the fsspec backend for it (e.g. s3fs for s3://) or use a local folder"
+                ) from e
+            self.local = False
+            self.fs = fs
+            self.base = path.rstrip("/")
+            self.arrow_fs = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+    # ----- paths
+    def join(self, *parts: str) -> str:
+        if self.local:
+            return os.path.join(self.base, *parts)
+        return "/".join([self.base, *parts])
+
+    def url(self, path: str) -> str:
+        """The name DuckDB reads a path by (local path, or protocol://path with the fsspec fs registered)."""
+        if self.local:
+            return path
+        assert self.fs is not None
+        return self.fs.unstrip_protocol(path)
+
+    def relpath(self, path: str) -> str:
+        if self.local:
+            return os.path.relpath(path, self.base)
+        return path[len(self.base) :].lstrip("/")
+
+    # ----- listing
+    def list_files(self, top: str, suffix: str = ".parquet") -> list[FileInfo]:
+        """All visible files under the folder `top` (a path from join()) ending in suffix, hidden temp files
+        excluded, sorted by path."""
+        out: list[FileInfo] = []
+        if self.local:
+            stack = [top]
+            while stack:
+                d = stack.pop()
+                try:
+                    entries = list(os.scandir(d))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for e in entries:
+                    if e.name.startswith("."):
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.name.endswith(suffix):
+                        try:
+                            st = e.stat()
+                        except FileNotFoundError:  # moved away (quarantined) meanwhile
+                            continue
+                        out.append(FileInfo(e.path, st.st_size, st.st_mtime))
+        else:
+            assert self.fs is not None
+            try:
+                found = self.fs.find(top, detail=True)
+            except FileNotFoundError:
+                found = {}
+            for p, info in found.items():
+                name = p.rsplit("/", 1)[-1]
+                if name.startswith(".") or not name.endswith(suffix) or info.get("type") == "directory":
+                    continue
+                mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+                if isinstance(mtime, datetime):
+                    mtime = mtime.timestamp()
+                out.append(FileInfo(p, int(info.get("size") or 0), float(mtime) if mtime is not None else None))
+        out.sort(key=lambda f: f.path)
+        return out
+
+    def stat(self, path: str) -> FileInfo | None:
+        if self.local:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return None
+            return FileInfo(path, st.st_size, st.st_mtime)
+        assert self.fs is not None
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        return FileInfo(path, int(info.get("size") or 0), None)
+
+    # ----- writing
+    def makedirs(self, path: str) -> None:
+        if self.local:
+            missing = []
+            p = path
+            while not os.path.isdir(p):
+                missing.append(p)
+                p = os.path.dirname(p)
+            os.makedirs(path, exist_ok=True)
+            for d in reversed(missing):  # make each new directory entry durable in its parent
+                _fsync_dir(os.path.dirname(d))
+        else:
+            assert self.fs is not None
+            self.fs.makedirs(path, exist_ok=True)
+
+    def write_parquet_atomic(self, table: pa.Table, path: str) -> str:
+        """Write table to path so that readers see either nothing or the whole file. Returns its name as a
+        local path or a URL (object stores)."""
+        folder = os.path.dirname(path) if self.local else path.rsplit("/", 1)[0]
+        self.makedirs(folder)
+        if not self.local:
+            # Object stores publish an object only when its upload completes: one PUT is atomic.
+            with self.arrow_fs.open_output_stream(path) as out:
+                pq.write_table(table, out, **PARQUET_OPTIONS)
+            return self.url(path)
+        name = os.path.basename(path)
+        tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+        try:
+            with open(tmp, "wb") as f:
+                pq.write_table(table, f, **PARQUET_OPTIONS)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_dir(folder)
+        return self.url(path)
+
+    def move(self, src: str, dst: str) -> None:
+        if self.local:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.replace(src, dst)
+            _fsync_dir(os.path.dirname(dst))
+            _fsync_dir(os.path.dirname(src))
+        else:
+            assert self.fs is not None
+            self.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.mv(src, dst)
+
+    def write_text(self, path: str, text: str) -> None:
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            assert self.fs is not None
+            with self.fs.open(path, "w") as f:
+                f.write(text)
+
+    def remove(self, path: str) -> None:
+        if self.local:
+            os.unlink(path)
+        else:
+            assert self.fs is not None
+            self.fs.rm(path)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_LAKES: dict[str, Lake] = {}
+
+
+def open_lake(root: str) -> Lake:
+    """Resolve a root (path or URL) once per process."""
+    lake = _LAKES.get(root)
+    if lake is None:
+        lake = _LAKES[root] = Lake(root)
+    return lake
+
+
+def check_partition_value(name: str, value: str) -> str:
+    if not isinstance(value, str) or not _PARTITION_VALUE.match(value):
+        raise LakeError(
+            f"{name} {value!r} cannot name a lake partition folder: use 1-200 letters, digits, '.', '_' or '-'"
+        )
+    return value
+
+
+def partition_dir(lake: Lake, run_id: str, round: int | None = None) -> str:
+    check_partition_value("run_id", run_id)
+    if round is None:
+        return lake.join(TRAJECTORIES_DIR, f"run={run_id}")
+    if not isinstance(round, int) or round < 0:
+        raise LakeError(f"round {round!r} must be a non-negative integer")
+    return lake.join(TRAJECTORIES_DIR, f"run={run_id}", f"round={round}")
+
+
+# Ids per immutable data file, keyed by (path, size, mtime): a file never changes once renamed into place.
+_ID_CACHE: dict[tuple[str, int, float | None], frozenset[str]] = {}
+
+
+def _file_ids(lake: Lake, info: FileInfo) -> frozenset[str] | None:
+    """Ids in one file, or None when the file is gone or was quarantined (its rows then count as missing)."""
+    key = (lake.url(info.path), info.size, info.mtime)
+    ids = _ID_CACHE.get(key)
+    if ids is None:
+        from warehouse.query import quarantine_file, validate_or_quarantine  # lazy: query imports lake
+
+        if validate_or_quarantine(lake, info, table="trajectories") is None:
+            return None
+        try:
+            # ParquetFile, not pq.read_table: the latter imports pyarrow.dataset and pandas (0.3 s per process).
+            col = pq.ParquetFile(info.path, filesystem=lake.arrow_fs).read(columns=["trajectory_id"]).column(0)
+        except FileNotFoundError:
+            return None
+        except (pa.ArrowException, OSError) as e:  # corrupt past the footer: its rows count as missing
+            quarantine_file(lake.root, info.path, f"trajectory_id column cannot be read: {e}")
+            return None
+        ids = frozenset(col.to_pylist())
+        _ID_CACHE[key] = ids
+    return ids
+
+
+# Parquet key-value metadata each trajectory file carries: a digest of the names of the files its writer saw in
+# the partition (and whose ids it skipped). When every file of a partition saw exactly the files sorted before
+# it, no two files share an id and readers skip de-duplication for that partition.
+SEEN_KEY = b"flywheel.seen"
+
+
+def seen_digest(names: Iterable[str]) -> str:
+    """Digest of a set of file base names (order-free)."""
+    return hashlib.sha1("\n".join(sorted(names)).encode()).hexdigest()[:24]
+
+
+def _basename(path: str) -> str:
+    return path.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
+
+
+def _partition_state(lake: Lake, top: str) -> tuple[set[str], list[str]]:
+    """Ids stored under `top` and the base names of the readable files they came from."""
+    ids: set[str] = set()
+    names: list[str] = []
+    for info in lake.list_files(top):
+        got = _file_ids(lake, info)
+        if got is not None:
+            ids |= got
+            names.append(_basename(info.path))
+    return ids, names
+
+
+def existing_ids(root: str, run_id: str, round: int | None = None) -> set[str]:
+    """Trajectory ids already in the lake for run_id (and round, when given). Corrupt files are quarantined first
+    (their rows then count as missing, so a re-run writes them again)."""
+    lake = open_lake(root)
+    return _partition_state(lake, partition_dir(lake, run_id, round))[0]
+
+
+def _new_part_name() -> str:
+    """part-<32 hex>.parquet: 16 hex of time_ns then 16 random hex, so names sort in write order (readers keep
+    the earliest-written copy of a duplicated id)."""
+    return f"part-{time.time_ns():016x}{secrets.token_hex(8)}.parquet"
+
+
+def _json_safe(r: Trajectory) -> bool:
+    """False when a float is NaN or infinite (pydantic's JSON turns those into null): such rows take the exact,
+    slower path."""
+    if not (math.isfinite(r.reward) and math.isfinite(r.cost_usd) and math.isfinite(r.latency_ms)):
+        return False
+    if r.completion_logprobs is not None:
+        return all(math.isfinite(x) for seq in r.completion_logprobs for x in seq)
+    return True
+
+
+def trajectories_to_file_table(rows: list[Trajectory]) -> pa.Table:
+    """Rows -> an Arrow table with FILE_SCHEMA (the record minus partition columns).
+
+    Same values as record.to_table, 3-5x faster: pydantic's JSON serialiser (Rust) feeds Arrow's JSON reader
+    with the schema given, instead of building Python dicts. Batches holding NaN or infinite floats (which JSON
+    cannot carry) go through record.to_table instead.
+    """
+    if not all(_json_safe(r) for r in rows):
+        return to_table(rows).select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
+    data = "\n".join(r.model_dump_json() for r in rows).encode()
+    opts = pj.ParseOptions(explicit_schema=TRAJECTORY_SCHEMA, unexpected_field_behavior="error")
+    # One block, one thread: measured faster than the threaded reader for batches of up to tens of MB.
+    block = max(1 << 20, min(len(data) + 1, 256 << 20))
+    table = pj.read_json(io.BytesIO(data), parse_options=opts,
+                         read_options=pj.ReadOptions(use_threads=False, block_size=block))
+    if table.num_rows != len(rows):
+        raise LakeError(f"serialising {len(rows)} trajectories produced {table.num_rows} rows")
+    return table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
+
+
+def write_trajectories(root: str, rows: Iterable[Trajectory]) -> WriteResult:
+    """Write rows into the lake, one atomic file per (run_id, round) group, skipping ids already present.
+
+    Rows repeated within the batch (same trajectory_id) are written once. Returns counts and the new file paths.
+    Raises LakeError for rows that are not Trajectory objects or whose run_id cannot name a folder.
+    """
+    lake = open_lake(root)
+    groups: dict[tuple[str, int], list[Trajectory]] = {}
+    skipped = 0
+    seen: set[str] = set()
+    for r in rows:
+        if not isinstance(r, Trajectory):
+            raise LakeError(
+                f"write_trajectories takes warehouse.record.Trajectory objects, got {type(r).__name__}; "
+                f"build one with Trajectory(...) or warehouse.record.from_dict(d)"
+            )
+        if r.trajectory_id in seen:
+            skipped += 1
+            continue
+        seen.add(r.trajectory_id)
+        check_partition_value("run_id", r.run_id)
+        groups.setdefault((r.run_id, r.round), []).append(r)
+
+    written = 0
+    paths: list[str] = []
+    for (run_id, rnd), group in groups.items():
+        folder = partition_dir(lake, run_id, rnd)
+        present, seen_names = _partition_state(lake, folder)
+        new = [r for r in group if r.trajectory_id not in present]
+        skipped += len(group) - len(new)
+        if not new:
+            continue
+        table = trajectories_to_file_table(new).replace_schema_metadata({SEEN_KEY: seen_digest(seen_names)})
+        path = folder + "/" + _new_part_name()
+        url = lake.write_parquet_atomic(table, path)
+        info = lake.stat(path)
+        if info is not None:  # remember our own ids without re-reading the file
+            _ID_CACHE[(lake.url(path), info.size, info.mtime)] = frozenset(r.trajectory_id for r in new)
+        written += len(new)
+        paths.append(url)
+    return WriteResult(written=written, skipped=skipped, paths=paths)
+
+
+def _rows_to_table(table_name: str, schema: pa.Schema, rows: list[dict[str, Any]]) -> pa.Table:
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise LakeError(f"rows for table {table_name!r} must be a list of dicts")
+    names = set(schema.names)
+    now = datetime.now(UTC)
+    fixed = []
+    for i, r in enumerate(rows):
+        unknown = set(r) - names
+        if unknown:
+            raise LakeError(
+                f"row {i} for table {table_name!r} has unknown columns {sorted(unknown)}; "
+                f"known columns: {schema.names}"
+            )
+        missing = [c for c in REQUIRED_COLUMNS.get(table_name, ()) if r.get(c) is None]
+        if missing:
+            raise LakeError(f"row {i} for table {table_name!r} lacks required columns {missing}")
+        if "created_at" in names and r.get("created_at") is None:
+            r = {**r, "created_at": now}
+        fixed.append(r)
+    try:
+        return pa.Table.from_pylist(fixed, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+        raise LakeError(f"rows for table {table_name!r} do not fit its schema: {e}") from e
+
+
+def write_rows(root: str, table: str, rows: list[dict[str, Any]]) -> str:
+    """Append rows to a side table (datasets | rounds | checkpoints) as one atomic file; returns its path.
+
+    Columns are those of tables.SIDE_TABLES[table]; missing optional columns are null, created_at defaults to now.
+    Readers keep the latest row per key (e.g. per snapshot_id), so re-writing a row after a retry is harmless.
+    """
+    if table not in SIDE_TABLES:
+        raise LakeError(f"unknown side table {table!r}: choose one of {sorted(SIDE_TABLES)} "
+                        f"(trajectories go through write_trajectories, manifests through write_manifest)")
+    if not rows:
+        raise LakeError(f"write_rows({table!r}) got no rows: nothing to write")
+    lake = open_lake(root)
+    schema = SIDE_TABLES[table][0]
+    t = _rows_to_table(table, schema, rows)
+    return lake.write_parquet_atomic(t, lake.join(table, _new_part_name()))
+
+
+def manifest_path(root: str, snapshot_id: str) -> str:
+    """Where the manifest of snapshot_id lives (local path, or URL for object stores)."""
+    lake = open_lake(root)
+    check_partition_value("snapshot_id", snapshot_id)
+    return lake.url(lake.join(SNAPSHOTS_DIR, snapshot_id, MANIFEST_FILE))
+
+
+def write_manifest(root: str, snapshot_id: str, rows: list[dict[str, Any]]) -> str:
+    """Write (or atomically replace) the manifest of one training snapshot; returns its path.
+
+    Each row names one example: trajectory_id, source, run_id, round, task_id, suite, policy, weight
+    (snapshot_id is filled in). An empty snapshot is allowed and writes an empty manifest.
+    """
+    lake = open_lake(root)
+    check_partition_value("snapshot_id", snapshot_id)
+    path = lake.join(SNAPSHOTS_DIR, snapshot_id, MANIFEST_FILE)
+    rows = [{**r, "snapshot_id": snapshot_id} for r in rows]
+    t = _rows_to_table("manifests", MANIFEST_SCHEMA, rows)
+    return lake.write_parquet_atomic(t, path)
+
+
+def sweep_temp_files(root: str, older_than_s: float = 3600.0) -> list[str]:
+    """Remove temp files left by writers killed mid-write (only local roots leave them). Readers never see them;
+    this only reclaims disk. Returns the removed paths."""
+    lake = open_lake(root)
+    if not lake.local:
+        return []
+    removed = []
+    cutoff = time.time() - older_than_s
+    for dirpath, _dirs, files in os.walk(lake.base):
+        if os.path.basename(dirpath) == QUARANTINE_DIR:
+            continue
+        for name in files:
+            if name.startswith(".") and name.endswith(TEMP_SUFFIX):
+                p = os.path.join(dirpath, name)
+                try:
+                    if os.stat(p).st_mtime < cutoff:
+                        os.unlink(p)
+                        removed.append(p)
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    partitions: int
+    files_before: int
+    files_after: int
+    rows: int
+    duplicates_dropped: int
+
+
+def compact(root: str, run_id: str | None = None, round: int | None = None, min_files: int = 2) -> CompactResult:
+    """Merge the files of each trajectory partition (run_id, round) that has at least min_files files into one
+    file, dropping duplicate ids (the earliest-written copy wins, as on read), then delete the merged files.
+
+    Safe beside readers and writers: the merged file is written atomically before any old file is deleted, so a
+    reader sees every row at every moment (possibly twice for a moment, which the trajectories view hides), and
+    files a writer adds meanwhile are left alone. Corrupt files are quarantined, not merged.
+    """
+    from warehouse.query import validate_or_quarantine
+
+    lake = open_lake(root)
+    top = lake.join(TRAJECTORIES_DIR) if run_id is None else partition_dir(lake, run_id, round)
+    by_part: dict[str, list[FileInfo]] = {}
+    for info in lake.list_files(top):
+        folder = os.path.dirname(info.path) if lake.local else info.path.rsplit("/", 1)[0]
+        by_part.setdefault(folder, []).append(info)
+    parts = files_before = files_after = rows = dropped = 0
+    for folder, infos in sorted(by_part.items()):
+        files_before += len(infos)
+        if len(infos) < min_files:
+            files_after += len(infos)
+            continue
+        good = [i for i in infos if validate_or_quarantine(lake, i, "trajectories") is not None]
+        tables = [pq.ParquetFile(i.path, filesystem=lake.arrow_fs).read() for i in good]  # sorted = write order
+        merged = pa.concat_tables(tables, promote_options="permissive")
+        ids = merged.column("trajectory_id").to_pylist()
+        seen: set[str] = set()
+        keep = [not (t in seen or seen.add(t)) for t in ids]  # type: ignore[func-returns-value]
+        if not all(keep):
+            merged = merged.filter(pa.array(keep))
+        dropped += len(ids) - merged.num_rows
+        seen = [_basename(i.path) for i in infos if i not in good and lake.stat(i.path) is not None]
+        merged = merged.replace_schema_metadata({SEEN_KEY: seen_digest(seen)})
+        lake.write_parquet_atomic(merged, folder + "/" + _new_part_name())
+        for i in good:
+            try:
+                lake.remove(i.path)
+            except FileNotFoundError:  # another compactor got there first
+                pass
+        if lake.local:
+            _fsync_dir(folder)
+        parts += 1
+        files_after += 1
+        rows += merged.num_rows
+    return CompactResult(partitions=parts, files_before=files_before, files_after=files_after, rows=rows,
+                         duplicates_dropped=dropped)

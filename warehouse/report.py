@@ -1,0 +1,179 @@
+"""The report of a flywheel run: PNG plots, markdown and HTML, built from the rounds table of the lake.
+
+Plots: held-out pass@1 per round for the base, each student and the teacher (one panel per suite); teacher yield;
+hack rate by reason code; the snapshot mix by source; wall time per stage. Written to ROOT/runs/RUN_ID/report/
+(local roots; a remote root gets its report in a local folder named in the result). Reads only; trains nothing.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warehouse.query import query
+
+
+@dataclass
+class Report:
+    folder: str
+    markdown: str
+    markdown_path: str
+    html_path: str
+    plots: list[str]
+
+
+def _rounds(root: str, run_id: str) -> list[dict[str, Any]]:
+    return query(root, f"""
+        SELECT round::INTEGER AS round, stage, subject, split, suite, metric, arg_max(value, created_at) AS value
+        FROM rounds WHERE run_id = '{run_id.replace("'", "''")}'
+        GROUP BY ALL ORDER BY round, stage, subject, suite, metric""").to_pylist()
+
+
+def heldout_table(root: str, run_id: str) -> list[dict[str, Any]]:
+    """Held-out pass@1 (and pass@k where measured) per round, subject and suite: the table people look at first."""
+    rows = _rounds(root, run_id)
+    out: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r["split"] != "heldout" or not r["metric"].startswith("pass@"):
+            continue
+        key = (r["round"], r["subject"], r["suite"])
+        out.setdefault(key, {"round": r["round"], "subject": r["subject"], "suite": r["suite"]})[r["metric"]] = \
+            round(r["value"], 4)
+    return [out[k] for k in sorted(out)]
+
+
+def _folder(root: str, run_id: str) -> Path:
+    if "://" in root and not root.startswith("file://"):
+        return Path("runs") / "reports" / run_id
+    base = root[len("file://"):] if root.startswith("file://") else root
+    return Path(base) / "runs" / run_id / "report"
+
+
+def _plot_heldout(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    suites = sorted({r["suite"] for r in rows if r["split"] == "heldout" and r["metric"] == "pass@1"})
+    fig, axes = plt.subplots(1, max(1, len(suites)), figsize=(4.2 * max(1, len(suites)), 3.4), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        pts = [r for r in rows if r["split"] == "heldout" and r["metric"] == "pass@1" and r["suite"] == suite]
+        student = sorted((r["round"], r["value"]) for r in pts if r["subject"] in ("base", "student"))
+        if student:
+            ax.plot([x for x, _ in student], [y for _, y in student], "o-", label="student (round 0 = base)")
+        teacher = [r["value"] for r in pts if r["subject"] == "teacher"]
+        if teacher:
+            ax.axhline(teacher[-1], ls="--", color="gray", label="teacher")
+        ax.set_title(suite)
+        ax.set_xlabel("round")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_ylabel("held-out pass@1")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_bars(rows: list[dict[str, Any]], prefix: str, subject: str, title: str, ylabel: str, path: Path,
+               stacked: bool = True) -> bool:
+    import matplotlib.pyplot as plt
+
+    pts = [r for r in rows if r["subject"] == subject and r["metric"].startswith(prefix)]
+    if not pts:
+        return False
+    rounds = sorted({r["round"] for r in pts})
+    series = sorted({r["metric"][len(prefix):] or r["metric"] for r in pts})
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    bottom = [0.0] * len(rounds)
+    width = 0.6 if stacked else 0.8 / max(1, len(series))
+    for i, s in enumerate(series):
+        vals = [sum(r["value"] for r in pts if r["round"] == rd and (r["metric"][len(prefix):] or r["metric"]) == s)
+                for rd in rounds]
+        xs = list(range(len(rounds))) if stacked else [x + i * width for x in range(len(rounds))]
+        ax.bar(xs, vals, width, bottom=bottom if stacked else None, label=s)
+        if stacked:
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(rounds)), [str(r) for r in rounds])
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _md_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "_none yet_\n"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(f"{v:.1%}" if isinstance(v, float) and c.startswith("pass@") else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def build_report(root: str, run_id: str) -> Report:
+    """Write plots, report.md and report.html for the run; return where they are and the markdown."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    folder = _folder(str(root), run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = _rounds(str(root), run_id)
+    plots: list[str] = []
+    p = folder / "heldout_pass_rate.png"
+    _plot_heldout(rows, p)
+    plots.append(p.name)
+    for name, prefix, subject, title, ylabel, stacked in (
+            ("teacher_yield.png", "yield", "teacher", "teacher yield (passing share of episodes)", "yield", False),
+            ("hack_rate.png", "hack:", "teacher", "teacher hack rate by reason code", "share of episodes", True),
+            ("snapshot_mix.png", "mix:", "snapshot", "training snapshot mix by source", "examples", True),
+            ("stage_wall_time.png", "wall_s", "stage", "wall time per round", "seconds", True)):
+        if name == "stage_wall_time.png":
+            pts = [dict(r, metric=f"wall_s{r['stage']}") for r in rows if r["subject"] == "stage"
+                   and r["metric"] == "wall_s"]
+            ok = _plot_bars(pts, "wall_s", "stage", title, ylabel, folder / name, stacked)
+        else:
+            ok = _plot_bars(rows, prefix, subject, title, ylabel, folder / name, stacked)
+        if ok:
+            plots.append(name)
+    heldout = heldout_table(str(root), run_id)
+    other = [r for r in rows if not (r["split"] == "heldout" and r["metric"].startswith("pass@"))
+             and r["metric"] != "episodes"]
+    for r in other:
+        r["value"] = round(r["value"], 4)
+    md = [f"# flywheel run `{run_id}`\n", "## Held-out pass rate\n", _md_table(heldout)]
+    md += [f"![{n}]({n})\n" for n in plots]
+    md += ["## All round metrics\n", _md_table([{k: r[k] for k in ("round", "stage", "subject", "split", "suite",
+                                                                    "metric", "value")} for r in other])]
+    markdown = "\n".join(md)
+    (folder / "report.md").write_text(markdown)
+    body = "".join(
+        f"<h2>{html.escape(t)}</h2>{_html_table(rs)}" for t, rs in (("Held-out pass rate", heldout),))
+    body += "".join(f'<figure><img src="{n}" alt="{n}"></figure>' for n in plots)
+    body += f"<h2>All round metrics</h2>{_html_table(other)}"
+    (folder / "report.html").write_text(
+        f"<!doctype html><meta charset=utf-8><title>flywheel {html.escape(run_id)}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:2px 8px;text-align:right}img{max-width:48%;margin:4px}</style>"
+        f"<h1>flywheel run {html.escape(run_id)}</h1>{body}")
+    return Report(folder=str(folder), markdown=markdown, markdown_path=str(folder / "report.md"),
+                  html_path=str(folder / "report.html"), plots=[str(folder / n) for n in plots])
+
+
+def _html_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p><em>none yet</em></p>"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>"
+                   for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
