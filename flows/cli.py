@@ -23,6 +23,8 @@ demos_app = typer.Typer(no_args_is_help=True, help="Human demonstrations: import
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(demos_app, name="demos")
+train_app = typer.Typer(no_args_is_help=True, help="Train a student: SFT on a snapshot, GRPO in sandboxes.")
+app.add_typer(train_app, name="train")
 
 
 class UsageError(Exception):
@@ -40,15 +42,10 @@ KNOWN_ERRORS = (
 )
 
 
-def _known_errors() -> tuple[type[BaseException], ...]:
-    import importlib
-
-    errs: list[type[BaseException]] = [UsageError]
-    for mod, name in KNOWN_ERRORS:
-        cls = getattr(importlib.import_module(mod), name)
-        assert isinstance(cls, type) and issubclass(cls, BaseException), f"{mod}.{name} is not an exception"
-        errs.append(cls)
-    return tuple(errs)
+def _is_known(e: BaseException) -> bool:
+    """Matched by (module, class name) along the MRO, so that no stage module is imported just to catch errors."""
+    known = set(KNOWN_ERRORS) | {(__name__, "UsageError")}
+    return any((c.__module__, c.__name__) in known for c in type(e).__mro__)
 
 
 Config = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file.")]
@@ -66,7 +63,7 @@ def generate(
     teacher: Annotated[Optional[str], typer.Option(help="reference | openai | transformers | vllm.")] = None,
     base_url: Annotated[Optional[str], typer.Option("--base-url", help="OpenAI-compatible endpoint URL.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name (openai) or model folder (transformers).")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker or local.")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker, local or auto.")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Episodes in flight at once.")] = None,
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (reuse to resume).")] = None,
     out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
@@ -84,8 +81,9 @@ def generate(
         if val is not None:
             overrides.append(f"{key}={json.dumps(val)}")
     cfg = load_config(config, overrides)
-    from flows.generate import generate_flow, print_summary
+    from flows.generate import generate_flow, preflight, print_summary
 
+    preflight(cfg)  # bad suite, endpoint or engine: one line before any server starts or file is written
     summary = generate_flow(cfg)
     print_summary(summary)
 
@@ -97,7 +95,7 @@ def run(
     out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue run RUN_ID where it stopped (its saved config "
                                                        "is used).")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker or local.")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker, local or auto.")] = None,
     set_: Sets = None,
 ) -> None:
     """The flywheel: rounds of teacher -> curate -> SFT -> GRPO -> student re-rollout, then the report."""
@@ -115,8 +113,10 @@ def run(
             if val is not None:
                 overrides.append(f"{key}={json.dumps(val)}")
         cfg = load_config(config, overrides)
-    from flows.flywheel import flywheel_flow, print_summary
+    from flows.flywheel import flywheel_flow, preflight, print_summary
 
+    if not resume:
+        preflight(cfg)
     print_summary(flywheel_flow(cfg, resume=bool(resume)))
 
 
@@ -130,11 +130,99 @@ def _saved_config_path(root: str, run_id: str) -> Path:
     return p
 
 
+def _cfg(config: Optional[Path], out: Optional[str], set_: Optional[list[str]], backend: Optional[str] = None):
+    from flows.config import load_config
+
+    overrides = list(set_ or [])
+    if out is not None:
+        overrides.append(f"run.out={json.dumps(out)}")
+    if backend is not None:
+        overrides.append(f"sandbox.backend={json.dumps(backend)}")
+    return load_config(config, overrides)
+
+
+def _print_dict(d: dict) -> None:
+    print(json.dumps(d, indent=1, default=str))
+
+
+@app.command()
+def curate(
+    run_id: Annotated[str, typer.Option("--run-id", help="Run whose rows are curated.")],
+    round: Annotated[int, typer.Option(help="Round of the snapshot (rows of earlier rounds are candidates too).")] = 1,
+    config: Config = None,
+    out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
+    demos: Annotated[Optional[list[str]], typer.Option(help="Human demo files to import first (repeatable).")] = None,
+    set_: Sets = None,
+) -> None:
+    """Filter, de-duplicate, decontaminate and mix a run's rows into a training snapshot (Parquet manifest)."""
+    sets = list(set_ or [])
+    if demos:
+        sets.append(f"curate.demo_paths={json.dumps(demos)}")
+    cfg = _cfg(config, out, sets)
+    _lake_root(cfg.run.out)
+    from flows.curate import curate_flow
+
+    _print_dict(curate_flow(cfg, run_id, round))
+
+
+@train_app.command("sft")
+def train_sft(
+    model: Annotated[str, typer.Option(help="Model folder or hub id to fine-tune.")],
+    snapshot: Annotated[str, typer.Option(help="Snapshot id (from `flywheel curate`).")],
+    run_id: Annotated[str, typer.Option("--run-id", help="Run the checkpoint is registered under.")],
+    round: Annotated[int, typer.Option(help="Round the checkpoint is registered under.")] = 1,
+    config: Config = None,
+    out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
+    set_: Sets = None,
+) -> None:
+    """SFT (TRL SFTTrainer, assistant-only loss, multi-turn with tools) of a model on a training snapshot."""
+    cfg = _cfg(config, out, set_)
+    _lake_root(cfg.run.out)
+    from flows.train import train_sft_flow
+
+    _print_dict(train_sft_flow(cfg, model, snapshot, run_id, round))
+
+
+@train_app.command("grpo")
+def train_grpo(
+    model: Annotated[str, typer.Option(help="Model folder or hub id to improve.")],
+    run_id: Annotated[str, typer.Option("--run-id", help="Run the checkpoint is registered under.")],
+    round: Annotated[int, typer.Option(help="Round: suites of the schedule up to it are used.")] = 1,
+    config: Config = None,
+    out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker, local or auto.")] = None,
+    set_: Sets = None,
+) -> None:
+    """GRPO (TRL GRPOTrainer) with our sandboxes as the environment and our verifiers as the reward."""
+    cfg = _cfg(config, out, set_, backend)
+    from flows.train import train_grpo_flow
+
+    _print_dict(train_grpo_flow(cfg, model, run_id, round))
+
+
+@app.command()
+def evaluate(
+    model: Annotated[str, typer.Option(help="Model folder or hub id.")],
+    config: Config = None,
+    out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
+    run_id: Annotated[str, typer.Option("--run-id", help="Run id recorded on the rows.")] = "eval",
+    name: Annotated[str, typer.Option(help="Policy name recorded on the rows.")] = "eval",
+    backend: Annotated[Optional[str], typer.Option(help="Sandbox backend: docker, local or auto.")] = None,
+    set_: Sets = None,
+) -> None:
+    """Held-out pass@1 of a model on the schedule's suites (config [flywheel] suites), rows into the lake."""
+    cfg = _cfg(config, out, set_, backend)
+    from flows.evaluate import evaluate_flow
+
+    for m in evaluate_flow(cfg, model, run_id=run_id, name=name):
+        print(f"{m['suite']:>20}  pass@1 {m['value']:.1%}")
+
+
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="SQL over views trajectories, messages, tool_calls, ...")],
     root: Annotated[str, typer.Option(help="Lake root folder or URL.")] = "runs/default",
-    format: Annotated[str, typer.Option("--format", "-f", help="table | json | csv | parquet.")] = "table",
+    format: Annotated[str, typer.Option("--format", "-f", help="table | json (one array) | jsonl | csv | parquet.")] = "table",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write (needed for parquet).")] = None,
 ) -> None:
     """Run SQL against the trajectory lake (in-memory DuckDB over the Parquet files)."""
@@ -191,7 +279,7 @@ def stats(
 def verify(
     trajectories: Annotated[Path, typer.Option(help="JSONL file of trajectories (the record's messages format).")],
     tasks: Annotated[Optional[str], typer.Option(help="Task file (JSONL/Parquet) the trajectories refer to.")] = None,
-    backend: Annotated[str, typer.Option(help="Sandbox backend for code tasks: docker or local.")] = "docker",
+    backend: Annotated[str, typer.Option(help="Sandbox backend for code tasks: docker, local or auto.")] = "auto",
 ) -> None:
     """Re-judge trajectories: one JSON line each with trajectory_id, verdict, reward and hack_flags."""
     from sandbox.backend import open_backend
@@ -290,7 +378,7 @@ def demos_import(
 @sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sandbox_exec(
     ctx: typer.Context,
-    backend: Annotated[str, typer.Option(help="docker or local.")] = "docker",
+    backend: Annotated[str, typer.Option(help="docker, local or auto (docker if an engine answers).")] = "auto",
     timeout: Annotated[float, typer.Option(help="Wall-clock limit in seconds.")] = 10.0,
     memory: Annotated[int, typer.Option(help="Memory limit in MB (swap included).")] = 512,
     image: Annotated[Optional[str], typer.Option(help="Sandbox image tag.")] = None,
@@ -330,12 +418,8 @@ def sandbox_build_image(
 def main() -> None:
     # This machine (and many clusters) has no route to Prefect's telemetry endpoint: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    known = _known_errors()
     try:
         app(standalone_mode=False)
-    except known as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     except typer.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(130)
@@ -347,6 +431,9 @@ def main() -> None:
             sys.exit(e.exit_code)
         if isinstance(e, click.exceptions.Exit):
             sys.exit(e.exit_code)
+        if _is_known(e):
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
         raise
 
 

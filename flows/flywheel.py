@@ -164,7 +164,7 @@ def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str
 
     timer = StageTimer()
     heldout = [t for step in cfg.flywheel.suites for t in _suite_tasks(step, "heldout", cfg.run.seed)]
-    backend = open_backend(cfg.sandbox)
+    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     metrics: list[dict[str, Any]] = []
     try:
         base = _student_policy(cfg, base_path, "base", temperature=0.0)
@@ -197,7 +197,7 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
                                task_ids=[t.id for t in tasks])
         wanted = set(plan.teacher_tasks)
         chosen = [t for t in tasks if t.id in wanted]
-    backend = open_backend(cfg.sandbox)
+    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     try:
         rows = rollout_rows(cfg, chosen, build_policy(cfg.teacher), run_id=run_id, round=round,
                             samples=cfg.flywheel.teacher_samples, backend=backend)
@@ -286,7 +286,7 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
         return {**parent, "skipped": "no task gives signal (all always passed or always failed)"}
     out = model_dir(root, f"{run_id}-r{round}-grpo")
     shutil.rmtree(out, ignore_errors=True)
-    backend = open_backend(cfg.sandbox)
+    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     try:
         res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend)
     finally:
@@ -317,7 +317,7 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
     heldout = [t for step in fw.suites for t in _suite_tasks(step, "heldout", cfg.run.seed)]
     train = [t for step in fw.suites if step.from_round <= round for t in _suite_tasks(step, "train", cfg.run.seed)]
     name = f"student-r{round}"
-    backend = open_backend(cfg.sandbox)
+    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     metrics: list[dict[str, Any]] = []
     try:
         greedy = _student_policy(cfg, student["path"], name, temperature=0.0)
@@ -373,6 +373,7 @@ def _stage(ledger: Ledger, round: int, name: str, fn, *args) -> dict[str, Any]:
 def flywheel_flow(cfg: FlywheelConfig, resume: bool = False) -> FlywheelSummary:
     """Rounds of teacher -> curate -> SFT -> GRPO -> student re-rollout, then the report."""
     from flows.config import save_config
+    from warehouse.lake import compact
     from warehouse.report import build_report, heldout_table
 
     t0 = time.perf_counter()
@@ -397,6 +398,7 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False) -> FlywheelSummary:
         if cfg.flywheel.grpo:
             student = _stage(ledger, r, "grpo", stage_grpo, cfg, run_id, r, sft)
         _stage(ledger, r, "student", stage_student, cfg, run_id, r, student)
+        compact(root, run_id)
         report = build_report(root, run_id)
         create_markdown_artifact(key="flywheel-report", markdown=report.markdown,
                                  description=f"flywheel {run_id} after round {r}")

@@ -71,7 +71,7 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str) -> dict[str, Any
         counts["skipped"] += res.skipped
 
     policy = build_policy(cfg.teacher)
-    backend = open_backend(cfg.sandbox)
+    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     try:
         skip = existing_ids(root, run_id, g.round)
         summary = asyncio.run(rollout(
@@ -111,6 +111,7 @@ def preflight(cfg: FlywheelConfig) -> None:
 def generate_flow(cfg: FlywheelConfig) -> GenerateSummary:
     """Roll the teacher out on a suite and land verified trajectories in the lake."""
     from flows.config import save_config
+    from warehouse.lake import compact
     from warehouse.query import query
 
     t0 = time.perf_counter()
@@ -130,6 +131,7 @@ def generate_flow(cfg: FlywheelConfig) -> GenerateSummary:
            "skipped_existing": sum(r["skipped_existing"] for r in results)}
 
     g = cfg.generate
+    compact(root, run_id, g.round)  # one file per partition keeps queries fast (crash-safe: see warehouse.lake)
     rows = query(root, f"""
         SELECT policy, verdict, count(*) AS n FROM trajectories
         WHERE run_id = '{run_id}' AND round = {g.round} GROUP BY ALL ORDER BY ALL""").to_pylist()

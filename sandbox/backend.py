@@ -17,12 +17,33 @@ from sandbox.result import Backend, ExecResult, SandboxConfig, SandboxError, San
 log = logging.getLogger(__name__)
 
 
-def _local(config: SandboxConfig) -> Backend:
+def _local(config: SandboxConfig, pool_size: int = 2) -> Backend:
     try:
         from sandbox.local import LocalBackend
     except ImportError as e:
         raise SandboxUnavailable(f"the local backend is not available ({e}); use --backend docker") from e
-    return LocalBackend(config.model_copy(update={"backend": "local"}))
+    return LocalBackend(config.model_copy(update={"backend": "local"}), pool_size=pool_size,
+                        prestart_interpreter=pool_size > 0)
+
+
+def _docker_answers() -> bool:
+    from sandbox.docker import docker_client
+
+    try:
+        docker_client(timeout=5).close()  # pings the engine
+    except SandboxError:
+        return False
+    return True
+
+
+def resolve(config: SandboxConfig) -> SandboxConfig:
+    """`auto` -> docker when an engine answers, else local (a warning says so). Other values pass through."""
+    if config.backend != "auto":
+        return config
+    if _docker_answers():
+        return config.model_copy(update={"backend": "docker"})
+    log.warning("no Docker engine answers; using the local bubblewrap backend (--backend docker to insist)")
+    return config.model_copy(update={"backend": "local"})
 
 
 def open_backend(config: SandboxConfig, *, auto_fallback: bool = False, pool_size: int = 2) -> Backend:
@@ -31,8 +52,9 @@ def open_backend(config: SandboxConfig, *, auto_fallback: bool = False, pool_siz
     With auto_fallback, a Docker backend that cannot start (no engine, no image) is replaced by the local one and a
     warning says so; never silently.
     """
+    config = resolve(config)
     if config.backend == "local":
-        return _local(config)
+        return _local(config, pool_size)
     from sandbox.docker import DockerBackend
 
     try:
@@ -41,13 +63,14 @@ def open_backend(config: SandboxConfig, *, auto_fallback: bool = False, pool_siz
         if not auto_fallback:
             raise
         log.warning("Docker backend unavailable (%s); falling back to the local bubblewrap backend", e)
-        return _local(config)
+        return _local(config, pool_size)
 
 
 def check_backend(config: SandboxConfig) -> None:
     """Preflight: raise SandboxUnavailable naming the fix when config.backend cannot run here. Starts nothing."""
+    config = resolve(config)
     if config.backend == "local":
-        _local(config).shutdown()
+        _local(config, pool_size=0).shutdown()
         return
     from sandbox.docker import docker_client
     from sandbox.image import image_id

@@ -31,7 +31,9 @@ class SandboxConfig(BaseModel):
     """Limits and placement of sandboxes. Every field applies to every call of every episode."""
 
     model_config = ConfigDict(extra="forbid")
-    backend: Literal["docker", "local"] = Field(default="docker", description="Where code runs.")
+    backend: Literal["auto", "docker", "local"] = Field(
+        default="auto", description="Where code runs: docker, local (bubblewrap), or auto (Docker when an engine "
+                                    "answers, else local, said in the log).")
     image: str = Field(default="flywheel-sandbox:bookworm", description="Docker image (built by build-image).")
     memory_mb: int = Field(default=512, gt=0, description="Memory limit including swap, per sandbox.")
     pids_limit: int = Field(default=128, gt=0, description="Max processes/threads in a sandbox.")

@@ -56,7 +56,10 @@ def backend():
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory, backend):
-    """A tiny model trained briefly on reference-teacher episodes, enough to write tool calls."""
+    """A tiny model trained briefly on reference-teacher episodes, enough to write well-formed tool calls.
+
+    (Well-formed matters: `transformers serve` answers a malformed tool call with HTTP 500, which the OpenAI
+    policy must treat as an endpoint failure, while the in-process policy reports a model_error.)"""
     import torch
 
     from agents.reference import ReferencePolicy
@@ -65,12 +68,12 @@ def student(tmp_path_factory, backend):
     from training.tiny import build_tiny_model, task_corpus
 
     torch.set_num_threads(1)
-    tasks = arithmetic.generate(64, split="train", seed=21)
+    tasks = arithmetic.generate(200, split="train", seed=21)
     rows = _rollout(tasks, ReferencePolicy(), backend, "serve-ref")
     assert all(r.verdict == "pass" for r in rows)
     d = tmp_path_factory.mktemp("serve")
-    base = build_tiny_model(d / "base", task_corpus(tasks), hidden=64, layers=2, heads=4, kv_heads=2, vocab_size=800)
-    res = train_sft(base, rows, d / "student", SFTConfig(max_steps=120, batch_size=16, learning_rate=5e-3),
+    base = build_tiny_model(d / "base", task_corpus(tasks), hidden=128, layers=2, heads=4, kv_heads=2)
+    res = train_sft(base, rows, d / "student", SFTConfig(max_steps=250, batch_size=16, learning_rate=5e-3),
                     progress=False)
     return Path(res.checkpoint_path)
 

@@ -78,7 +78,7 @@ def test_kill_dash_9_writer_many_times_then_rerun(tmp_path, kills_wanted, n):
     try:
         while kills < kills_wanted and not z.done:
             pid = z.start()
-            time.sleep(rng.uniform(0.0, 0.03))
+            time.sleep(rng.uniform(0.0, 0.08))
             os.kill(pid, signal.SIGKILL)
             status = z.reap()
             if os.WIFSIGNALED(status):
