@@ -38,6 +38,7 @@ KNOWN_ERRORS = (
     ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lake", "LakeError"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("warehouse.demos", "DemoImportError"), ("warehouse.mixing", "SnapshotError"),
+    ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
     ("training.registry", "RegistryError"), ("training.sft", "TrainingError"), ("training.tiny", "TinyModelError"),
 )
 
@@ -413,6 +414,16 @@ def sandbox_build_image(
 
     image_id = build_image(tag or SandboxConfig().image, force=force)
     print(image_id)
+
+
+def _register_ops_commands() -> None:
+    from flows.serve import deploy_command, serve_command
+
+    app.command("serve")(serve_command)
+    app.command("deploy")(deploy_command)
+
+
+_register_ops_commands()
 
 
 def main() -> None:

@@ -18,10 +18,16 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agents.config import PolicyConfig
+from agents.config import PolicyConfig, ReferenceNoise
+from flows.concurrency import LimitsConfig
+from flows.serve import ServeConfig
 from sandbox.result import SandboxConfig
 from training.config import GRPOConfig, SFTConfig, TinyModelConfig
 from warehouse.curate_config import CurateConfig, CurriculumConfig
+
+
+# The offline teacher makes mistakes and cheats now and then, so that verification and curation have work.
+OFFLINE_TEACHER_NOISE = ReferenceNoise(wrong_answer=0.05, malformed_call=0.03, no_tool=0.05)
 
 
 class ConfigError(ValueError):
@@ -65,7 +71,7 @@ class SuiteStep(BaseModel):
     """One suite of the flywheel's schedule: from which round it is trained, how many tasks of each split."""
 
     model_config = ConfigDict(extra="forbid")
-    suite: str = Field(description="Built-in suite name or task file.")
+    suite: str = Field(default="arithmetic", description="Built-in suite name or task file.")
     difficulty: int = Field(default=1, ge=1, le=3, description="Difficulty level (built-in suites).")
     from_round: int = Field(default=1, ge=1, description="First round whose teacher, SFT and GRPO use it; every "
                                                          "round scores the student on all suites' held-out split.")
@@ -110,17 +116,24 @@ def _sections() -> dict[str, type[BaseModel]]:
 
 
 class FlywheelConfig(BaseModel):
+    """Everything a flywheel run needs, one section per stage. Saved beside every output as config.toml."""
+
     model_config = ConfigDict(extra="forbid")
-    run: RunConfig = Field(default_factory=RunConfig)
-    generate: GenerateConfig = Field(default_factory=GenerateConfig)
-    teacher: PolicyConfig = Field(default_factory=PolicyConfig, description="The teacher policy.")
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    student: StudentConfig = Field(default_factory=StudentConfig)
-    flywheel: FlywheelSection = Field(default_factory=FlywheelSection)
-    curate: CurateConfig = Field(default_factory=CurateConfig)
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    run: RunConfig = Field(default_factory=RunConfig, description="Run id, lake root, seed, task runner.")
+    generate: GenerateConfig = Field(default_factory=GenerateConfig, description="`generate`: suite, tasks, "
+                                     "samples, concurrency.")
+    teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(noise=OFFLINE_TEACHER_NOISE),
+                                  description="The teacher policy (offline default: reference replay with noise "
+                                              "and injected hacks so the filters have work).")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Sandbox backend and limits.")
+    student: StudentConfig = Field(default_factory=StudentConfig, description="Base student and its generation.")
+    flywheel: FlywheelSection = Field(default_factory=FlywheelSection, description="Rounds and suite schedule.")
+    curate: CurateConfig = Field(default_factory=CurateConfig, description="Filters, dedup, decontamination, mix.")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Task choice per round.")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning (TRL SFTTrainer).")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO (TRL GRPOTrainer) in our sandboxes.")
+    serve: ServeConfig = Field(default_factory=ServeConfig, description="`flywheel serve`: deployments, schedules.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Prefect global concurrency limits.")
 
     def to_toml(self) -> str:
         return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))

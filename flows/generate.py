@@ -18,7 +18,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field
 
+from flows.artifacts import progress_callback
+from flows.concurrency import ENDPOINT_RETRIES, default_limits, ensure_limits, rollout_slots
 from flows.config import FlywheelConfig
+from flows.runners import make_task_runner, submit_all
 
 
 class GenerateSummary(BaseModel):
@@ -50,8 +53,8 @@ def load_tasks(cfg: FlywheelConfig) -> list:
     return load_suite(g.suite, n=g.n_tasks, split=g.split, seed=cfg.run.seed, difficulty=g.difficulty)
 
 
-@task(name="rollout", retries=1, retry_delay_seconds=5)
-def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str) -> dict[str, Any]:
+@task(name="rollout", **ENDPOINT_RETRIES)
+def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = None) -> dict[str, Any]:
     """Run the episodes of one chunk of tasks; rows are made durable batch by batch.
 
     Retrying is safe: ids already written are skipped. Chunks run on the flow's task runner (threads here, Ray
@@ -69,19 +72,32 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str) -> dict[str, Any
         res = write_trajectories(root, rows)
         counts["written"] += res.written
         counts["skipped"] += res.skipped
+        if progress is not None:
+            progress(len(rows))
 
-    policy = build_policy(cfg.teacher)
-    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
-    try:
-        skip = existing_ids(root, run_id, g.round)
-        summary = asyncio.run(rollout(
-            tasks, [policy], backend, samples=g.samples, concurrency=g.concurrency, run_id=run_id, round=g.round,
-            skip_ids=skip, on_rows=on_rows, batch_size=g.batch_size, infra_retries=g.infra_retries,
-            max_turns=g.max_turns))
-    finally:
-        backend.shutdown()
+    with rollout_slots(cfg.limits, cfg.teacher, g.concurrency):
+        policy = build_policy(cfg.teacher)
+        backend = open_backend(cfg.sandbox, pool_size=min(g.concurrency, 8))
+        try:
+            skip = existing_ids(root, run_id, g.round)
+            if progress is not None and skip:
+                progress(len(skip & _planned_ids(tasks, policy.name, run_id, g.round, g.samples)))
+            summary = asyncio.run(rollout(
+                tasks, [policy], backend, samples=g.samples, concurrency=g.concurrency, run_id=run_id,
+                round=g.round, skip_ids=skip, on_rows=on_rows, batch_size=g.batch_size,
+                infra_retries=g.infra_retries, max_turns=g.max_turns))
+        finally:
+            backend.shutdown()
+            if progress is not None:
+                progress.finish()
     return {"written": counts["written"], "skipped_existing": len(skip) + counts["skipped"],
             "summary": summary.model_dump() if hasattr(summary, "model_dump") else summary}
+
+
+def _planned_ids(tasks: list, policy: str, run_id: str, round: int, samples: int) -> set[str]:
+    from warehouse.record import trajectory_id
+
+    return {trajectory_id(run_id, round, t.id, policy, i) for t in tasks for i in range(samples)}
 
 
 def chunked(items: list, n: int) -> list[list]:
@@ -107,9 +123,14 @@ def preflight(cfg: FlywheelConfig) -> None:
     check_backend(cfg.sandbox)
 
 
-@flow(name="generate", log_prints=True)
+@flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=2))
 def generate_flow(cfg: FlywheelConfig) -> GenerateSummary:
-    """Roll the teacher out on a suite and land verified trajectories in the lake."""
+    """Roll the teacher out on a suite and land verified trajectories in the lake.
+
+    Args:
+        cfg: The run's config: [generate] picks suite, split, tasks and samples, [teacher] the policy, [sandbox]
+            the backend, [run] the lake root, run id (reuse it to resume) and task runner (ray_address).
+    """
     from flows.config import save_config
     from warehouse.lake import compact
     from warehouse.query import query
@@ -124,13 +145,18 @@ def generate_flow(cfg: FlywheelConfig) -> GenerateSummary:
     logger.info("run %s -> %s (config %s)", run_id, root, config_path)
 
     tasks = load_tasks(cfg)
-    chunk_list = chunked(tasks, cfg.generate.chunks)
-    futures = [rollout_task.submit(cfg, chunk, run_id) for chunk in chunk_list]
-    results = [f.result() for f in futures]
+    g = cfg.generate
+    ensure_limits(default_limits(cfg.limits))
+    chunk_list = chunked(tasks, g.chunks)
+    calls = [{"cfg": cfg, "tasks": chunk, "run_id": run_id,
+              "progress": progress_callback(len(chunk) * g.samples, key=f"rollout-progress-{i + 1}",
+                                            description=f"generate {run_id}: chunk {i + 1}/{len(chunk_list)}")}
+             for i, chunk in enumerate(chunk_list)]
+    # Threads here, Ray workers with run.ray_address: chosen at run time, so UI-triggered runs can ask for Ray.
+    results = submit_all(rollout_task, calls, ray_address=cfg.run.ray_address, max_workers=cfg.run.max_workers)
     out = {"written": sum(r["written"] for r in results),
            "skipped_existing": sum(r["skipped_existing"] for r in results)}
 
-    g = cfg.generate
     compact(root, run_id, g.round)  # one file per partition keeps queries fast (crash-safe: see warehouse.lake)
     rows = query(root, f"""
         SELECT policy, verdict, count(*) AS n FROM trajectories

@@ -1,7 +1,7 @@
 """`flywheel serve`: register the flywheel's flows as Prefect deployments and execute their runs.
 
-One long-running process (`prefect.serve`) registers a deployment per flow (generate, curate, train, evaluate,
-flywheel), with the cron or interval schedule of the `[serve]` config section, and runs every flow run that the
+One long-running process (`prefect.serve`) registers a deployment per flow (generate, curate, train-sft,
+train-grpo, evaluate, flywheel), with the cron or interval schedule of the `[serve]` config section, and runs every flow run that the
 schedules, the UI's Run button or the API create for them. Each run's parameters are the flow's pydantic config
 model, so the UI shows a typed form whose defaults are the config `serve` was started with. Adding a flow is one
 line in `SERVED`. The flow itself chooses its task runner (threads or Ray) from its parameters at run time
@@ -87,7 +87,8 @@ class ServeConfig(BaseModel):
     name: str = Field(default="flywheel", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
                       description="Deployment name; deployments appear as '<flow>/<name>' (e.g. generate/flywheel).")
     flows: list[str] = Field(default_factory=lambda: [s.name for s in SERVED],
-                             description="Flows to deploy: any of generate, curate, train, evaluate, flywheel.")
+                             description="Flows to deploy: any of generate, curate, train_sft, train_grpo, "
+                             "evaluate, flywheel.")
     limit: int = Field(default=1, ge=1, description="Flow runs this serve process executes at once; more wait in "
                        "Scheduled state (start more serve processes, or use a work pool, to run more).")
     concurrency_per_flow: int | None = Field(default=None, ge=1, description="Runs of one deployment at once, "
@@ -95,7 +96,9 @@ class ServeConfig(BaseModel):
     tags: list[str] = Field(default_factory=lambda: ["flywheel"], description="Tags on every deployment.")
     generate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the generate flow.")
     curate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the curate flow.")
-    train: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train flow.")
+    train_sft: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train-sft flow.")
+    train_grpo: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train-grpo "
+                                       "flow.")
     evaluate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the evaluate flow.")
     flywheel: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the flywheel flow "
                                      "(one full round).")
@@ -139,7 +142,8 @@ class Served:
 SERVED: list[Served] = [
     Served("generate", "flows.generate:generate_flow", "Teacher rollouts in sandboxes -> verified trajectories."),
     Served("curate", "flows.curate:curate_flow", "Trajectories + demos -> a training snapshot."),
-    Served("train", "flows.train:train_flow", "SFT then GRPO of the student on a snapshot."),
+    Served("train_sft", "flows.train:train_sft_flow", "SFT of the student on a training snapshot."),
+    Served("train_grpo", "flows.train:train_grpo_flow", "GRPO of the student with the tasks' verifiers as reward."),
     Served("evaluate", "flows.evaluate:evaluate_flow", "Score base/student/teacher on the held-out split."),
     Served("flywheel", "flows.flywheel:flywheel_flow", "Rounds of generate -> curate -> train -> evaluate."),
 ]
@@ -165,13 +169,18 @@ def load_flow(entry: Served) -> Any:
 
 
 def parameter_form_problems(schema: dict[str, Any]) -> list[str]:
-    """What keeps a deployment's parameter schema from being a complete UI form: a parameter that is not a
-    pydantic model, a parameter or field without a default, a field without a description or without a type."""
+    """What keeps a deployment's parameter schema from being a complete UI form: a plain (non-model) parameter
+    without a default or without a description (Google-style `Args:` in the flow's docstring), a model field
+    without a default, a description or a type."""
     problems: list[str] = []
     defs = schema.get("definitions", {})
     for pname, p in schema.get("properties", {}).items():
-        if "$ref" not in p:
-            problems.append(f"parameter {pname!r} is not a pydantic model")
+        if "$ref" in p:
+            continue
+        if "default" not in p:
+            problems.append(f"parameter {pname!r} has no default")
+        if not p.get("description"):
+            problems.append(f"parameter {pname!r} has no description")
     for mname, model in defs.items():
         for fname, f in model.get("properties", {}).items():
             where = f"{mname}.{fname}"
@@ -229,8 +238,16 @@ def build_deployments(cfg: FlywheelConfig, serve_cfg: ServeConfig, flows: list[s
             enforce_parameter_schema=True,
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
-        for problem in parameter_form_problems(dep._parameter_openapi_schema.model_dump_for_openapi()):
-            logger.warning("deployment %s/%s: %s", name, serve_cfg.name, problem)
+        schema = dep._parameter_openapi_schema.model_dump_for_openapi()
+        problems = parameter_form_problems(schema)
+        if problems:
+            logger.warning("deployment %s/%s: its UI form is incomplete: %s", flow.name, serve_cfg.name,
+                           "; ".join(problems))
+        unfilled = [p for p in schema.get("required", []) if p not in dep.parameters]
+        if sched.is_set and unfilled:
+            raise ServeError(f"[serve.{name}] schedules {flow.name}, but its parameter(s) {', '.join(unfilled)} "
+                             "have no default, so every scheduled run would be rejected; remove the schedule or "
+                             "give the flow defaults for them")
         deployments.append(dep)
     if not deployments:
         raise ServeError(f"no flow to serve: none of {', '.join(wanted)} could be loaded")

@@ -29,7 +29,8 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_UI_ENABLED": os.environ.get("PREFECT_SERVER_UI_ENABLED", "true")}
+           "PREFECT_SERVER_UI_ENABLED": os.environ.get("PREFECT_SERVER_UI_ENABLED", "true"),
+           "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     env.pop("PREFECT_API_URL", None)
     log = open(home / "server.log", "w")
     proc = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host",
@@ -54,6 +55,12 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     os.environ["PREFECT_API_URL"] = url
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield url
+        try:  # send buffered logs while the server still answers, so nothing retries against a dead one at exit
+            from prefect.logging.handlers import APILogHandler
+
+            APILogHandler.flush()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
     if old is None:
         os.environ.pop("PREFECT_API_URL", None)
     else:

@@ -91,19 +91,30 @@ def test_generate_deployment_schedule_entrypoint_and_form():
     assert dep.enforce_parameter_schema
 
 
-def test_missing_flow_is_an_error_unless_skipped():
+def test_missing_flow_is_an_error_unless_skipped(monkeypatch):
     from flows.config import FlywheelConfig
 
     serve_cfg = ServeConfig(flows=["generate", "curate"])
-    try:
-        import flows.curate  # noqa: F401
-    except ModuleNotFoundError:
-        with pytest.raises(ServeError, match="flows.curate does not exist"):
-            build_deployments(FlywheelConfig(), serve_cfg)
-        deps = build_deployments(FlywheelConfig(), serve_cfg, skip_missing=True)
-        assert [d.flow_name for d in deps] == ["generate"]
-    else:
-        assert [d.flow_name for d in build_deployments(FlywheelConfig(), serve_cfg)] == ["generate", "curate"]
+    from flows import serve as serve_mod
+
+    # fault injection: an entry whose module does not exist (a flow not written yet)
+    monkeypatch.setattr(serve_mod, "SERVED", [*serve_mod.SERVED[:1], serve_mod.Served(
+        "curate", "flows.no_such_module:curate_flow", "missing")])
+    with pytest.raises(ServeError, match="flows.no_such_module does not exist"):
+        build_deployments(FlywheelConfig(), serve_cfg)
+    deps = build_deployments(FlywheelConfig(), serve_cfg, skip_missing=True)
+    assert [d.flow_name for d in deps] == ["generate"]
+
+
+def test_all_flywheel_flows_deploy():
+    deps = build_deployments(FlywheelConfig(), ServeConfig())
+    assert [d.flow_name for d in deps] == ["generate", "curate", "train-sft", "train-grpo", "evaluate", "flywheel"]
+    assert all(d.entrypoint.startswith("flows.") for d in deps)
+
+
+def test_schedule_of_a_flow_with_required_parameters_is_refused():
+    with pytest.raises(ServeError, match=r"\[serve.curate\] schedules curate, but its parameter\(s\) run_id"):
+        build_deployments(FlywheelConfig(), ServeConfig(flows=["curate"], curate={"cron": "0 * * * *"}))
 
 
 class Good(BaseModel):
@@ -114,7 +125,7 @@ class Bad(BaseModel):
     m: int = 2
 
 
-def _flow_fn(a: Good, b: Bad, c: int = 3): ...
+def _flow_fn(a: Good, b: Bad, d: str, c: int = 3): ...
 
 
 def test_parameter_form_problems_finds_bare_and_undescribed():
@@ -122,9 +133,9 @@ def test_parameter_form_problems_finds_bare_and_undescribed():
 
     fn = _flow_fn
     problems = parameter_form_problems(parameter_schema(fn).model_dump_for_openapi())
-    assert "parameter 'c' is not a pydantic model" in problems
+    assert "parameter 'c' has no description" in problems and "parameter 'd' has no default" in problems
     assert "Bad.m has no description" in problems
-    assert not any(p.startswith("Good.") for p in problems)
+    assert not any(p.startswith("Good.") or "'a'" in p for p in problems)
 
 
 # --- concurrency and retries (no server) ---------------------------------------------------------------------
