@@ -43,5 +43,5 @@ def test_every_cli_command_has_a_section():
 
 def test_make_targets_exist():
     makefile = (ROOT / "Makefile").read_text()
-    for target in set(re.findall(r"make ([a-z][a-z0-9_-]*)", README)):
+    for target in set(re.findall(r"(?:`|^)make ([a-z][a-z0-9_-]*)", README, re.M)):
         assert re.search(rf"^{target}:", makefile, re.M), f"README names 'make {target}' but Makefile lacks it"

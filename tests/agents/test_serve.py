@@ -38,11 +38,11 @@ def _backend():
     pytest.skip("no sandbox backend (bubblewrap or Docker) on this machine")
 
 
-def _rollout(tasks, policy, backend, run_id):
+def _rollout(tasks, policy, backend, run_id, concurrency=4):
     from agents.rollout import rollout
 
     rows = []
-    asyncio.run(rollout(tasks, policy, backend, run_id=run_id, concurrency=4, on_rows=rows.extend,
+    asyncio.run(rollout(tasks, policy, backend, run_id=run_id, concurrency=concurrency, on_rows=rows.extend,
                         batch_size=len(tasks), progress=False, max_turns=3))
     return sorted(rows, key=lambda r: r.task_id)
 
@@ -68,8 +68,8 @@ def student(tmp_path_factory, backend):
     from training.tiny import build_tiny_model, task_corpus
 
     torch.set_num_threads(1)
-    tasks = arithmetic.generate(200, split="train", seed=21)
-    rows = _rollout(tasks, ReferencePolicy(), backend, "serve-ref")
+    tasks = arithmetic.generate(600, split="train", seed=21)
+    rows = _rollout(tasks, ReferencePolicy(), backend, "serve-ref", concurrency=8)
     assert all(r.verdict == "pass" for r in rows)
     d = tmp_path_factory.mktemp("serve")
     base = build_tiny_model(d / "base", task_corpus(tasks), hidden=128, layers=2, heads=4, kv_heads=2)
@@ -135,5 +135,6 @@ def test_served_student_tool_calls_round_trip_and_match_in_process_verdicts(stud
     assert len(ok) >= len(tasks) // 2, [s.error_message for s, _ in pairs]
     # tool calls came back over HTTP as structured calls, ran in the sandbox, and landed in the rows
     called = [r for r in ok if r.n_tool_calls]
-    assert called and all(any(m.role == "tool" and m.tool_call_id for m in r.messages) for r in called)
+    assert called, [(s.verdict, [m.content for m in s.messages[2:]]) for s in ok]
+    assert all(any(m.role == "tool" and m.tool_call_id for m in r.messages) for r in called)
     assert all(r.endpoint == server for r in served_rows)
