@@ -6,7 +6,7 @@ setup:
 
 # The main job on the offline default.
 run: setup
-	.venv/bin/flywheel generate --n-tasks 50 --samples 2 --out runs/default
+	.venv/bin/flywheel run --out runs/default --backend local
 
 # Everything CI runs: all tests but the gpu ones.
 test: setup

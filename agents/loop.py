@@ -285,7 +285,7 @@ async def run_episode(
         verifier=outcome.verifier if outcome else task.verifier.kind,
         verifier_version=outcome.verifier_version if outcome else "",
         messages=messages,
-        tools_json=json.dumps(tools, sort_keys=True),
+        tools_json=json.dumps(tools),  # as offered: key order is part of the prompt the model saw
         answer=outcome.answer if outcome else extract_answer(messages),
         reward=outcome.reward if scored and outcome else 0.0,
         success=bool(outcome.success) if scored and outcome else False,

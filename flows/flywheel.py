@@ -254,7 +254,10 @@ def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, An
     root = cfg.run.out
     out = model_dir(root, f"{run_id}-r{round}-sft")
     shutil.rmtree(out, ignore_errors=True)  # an interrupted earlier attempt starts over
-    res = train_sft(parent["path"], None, out, cfg.sft, snapshot_id=snapshot_id, root=root)
+    sft_cfg = cfg.sft
+    if round > 1 and cfg.flywheel.later_sft_steps:
+        sft_cfg = sft_cfg.model_copy(update={"max_steps": cfg.flywheel.later_sft_steps})
+    res = train_sft(parent["path"], None, out, sft_cfg, snapshot_id=snapshot_id, root=root)
     metrics = {"final_loss": res.losses[-1] if res.losses else None, "steps": res.steps, "wall_s": res.total_s,
                "examples": res.n_examples, "dropped_truncated": res.n_dropped_truncated}
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="sft", path=res.checkpoint_path,
@@ -315,7 +318,8 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
     timer = StageTimer()
     fw = cfg.flywheel
     heldout = [t for step in fw.suites for t in _suite_tasks(step, "heldout", cfg.run.seed)]
-    train = [t for step in fw.suites if step.from_round <= round for t in _suite_tasks(step, "train", cfg.run.seed)]
+    train = [t for step in fw.suites if step.from_round <= round
+             for t in _suite_tasks(step, "train", cfg.run.seed)][: fw.student_train_tasks]
     name = f"student-r{round}"
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     metrics: list[dict[str, Any]] = []

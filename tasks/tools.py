@@ -23,11 +23,11 @@ from sandbox.result import ExecResult, Sandbox, SandboxError
 
 
 def _fn(name: str, description: str, props: dict[str, str], required: list[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object",
-                       "properties": {k: {"type": "string", "description": d} for k, d in props.items()},
-                       "required": required}}}
+    params: dict[str, Any] = {"type": "object",
+                              "properties": {k: {"type": "string", "description": d} for k, d in props.items()}}
+    if required:  # omitted when empty, exactly as TRL derives it from a no-argument method (same prompt in GRPO)
+        params["required"] = required
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
 
 
 PYTHON_TOOL = _fn("python", "Run Python 3 code in a sandbox and return what it prints.",

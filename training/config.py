@@ -49,6 +49,8 @@ class SFTConfig(BaseModel):
                                                      "default. 1 is fastest for tiny models on a shared CPU: with "
                                                      "2 threads OpenMP spin-waits cost ~9x the CPU per step.")
     bf16: bool = Field(default=False, description="bfloat16 mixed precision (GPU).")
+    gradient_checkpointing: bool = Field(default=False, description="Recompute activations to save memory (TRL's "
+                                         "default is on): worth it for large models, ~30% slower for tiny ones.")
 
 
 class GRPOConfig(BaseModel):

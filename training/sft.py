@@ -158,6 +158,7 @@ def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: st
     from trl import SFTConfig as TRLSFTConfig
     from trl import SFTTrainer
 
+    from training.config import DiagnosticsThresholds
     from training.diagnostics import DiagnosticsCallback
 
     t0 = time.perf_counter()
@@ -187,6 +188,7 @@ def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: st
         args = TRLSFTConfig(
             output_dir=scratch, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
             per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+            gradient_checkpointing=cfg.gradient_checkpointing,
             learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio,
             weight_decay=cfg.weight_decay, max_length=cfg.max_length, packing=cfg.packing,
             packing_strategy="wrapped" if cfg.packing else "bfd",
@@ -194,7 +196,8 @@ def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: st
             report_to="none", disable_tqdm=not progress, dataloader_num_workers=0,
             **_device_kwargs(cfg.bf16),
         )
-        diag = DiagnosticsCallback()
+        # low entropy is SFT's goal (confident imitation), not a collapse: only GRPO warns on it
+        diag = DiagnosticsCallback(DiagnosticsThresholds(min_entropy=0.0))
         trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                              callbacks=[diag, *(callbacks or [])])
         t1 = time.perf_counter()

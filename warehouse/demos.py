@@ -246,8 +246,9 @@ def record_to_row(
     else:
         verdict, verifier = "pass", HUMAN_VERIFIER
         details.update(verified=False, note="human demonstration accepted as correct without a machine check")
-    tools_json = json.dumps(tools, sort_keys=True)
-    key = json.dumps(["human", run_id, round, normalised(messages), tools_json], separators=(",", ":"))
+    tools_json = json.dumps(tools)  # as given: key order is part of the prompt a model is trained on
+    key = json.dumps(["human", run_id, round, normalised(messages), json.dumps(tools, sort_keys=True)],
+                     separators=(",", ":"))
     author = rec.get("author")
     row = Trajectory(
         trajectory_id=hashlib.sha256(key.encode()).hexdigest()[:32],

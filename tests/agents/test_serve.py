@@ -19,6 +19,10 @@ from tasks import arithmetic
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
+# The student memorises these few episodes (cheap), so that it writes real tool calls on them: what is tested is
+# the serving path and the OpenAI client, not how well a tiny model generalises (benchmarks/train_arithmetic.py).
+SERVE_TASKS = arithmetic.generate(6, split="train", seed=21)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -56,7 +60,7 @@ def backend():
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory, backend):
-    """A tiny model trained briefly on reference-teacher episodes, enough to write well-formed tool calls.
+    """A tiny model that memorised a few reference-teacher episodes, so it writes well-formed tool calls on them.
 
     (Well-formed matters: `transformers serve` answers a malformed tool call with HTTP 500, which the OpenAI
     policy must treat as an endpoint failure, while the in-process policy reports a model_error.)"""
@@ -68,13 +72,13 @@ def student(tmp_path_factory, backend):
     from training.tiny import build_tiny_model, task_corpus
 
     torch.set_num_threads(1)
-    tasks = arithmetic.generate(600, split="train", seed=21)
-    rows = _rollout(tasks, ReferencePolicy(), backend, "serve-ref", concurrency=8)
+    tasks = SERVE_TASKS
+    rows = _rollout(tasks, ReferencePolicy(), backend, "serve-ref", concurrency=4)
     assert all(r.verdict == "pass" for r in rows)
     d = tmp_path_factory.mktemp("serve")
-    base = build_tiny_model(d / "base", task_corpus(tasks), hidden=128, layers=2, heads=4, kv_heads=2)
-    res = train_sft(base, rows, d / "student", SFTConfig(max_steps=400, batch_size=16, learning_rate=5e-3),
-                    progress=False)
+    base = build_tiny_model(d / "base", task_corpus(tasks), hidden=64, layers=2, heads=4, kv_heads=2)
+    res = train_sft(base, rows, d / "student", SFTConfig(max_steps=300, batch_size=8, learning_rate=5e-3,
+                                                         warmup_ratio=0.0), progress=False)
     return Path(res.checkpoint_path)
 
 
@@ -115,7 +119,7 @@ def test_served_student_tool_calls_round_trip_and_match_in_process_verdicts(stud
     from agents.openai_policy import OpenAIPolicy
     from agents.transformers_policy import TransformersPolicy
 
-    tasks = arithmetic.generate(6, split="heldout", seed=21)
+    tasks = SERVE_TASKS
     served = OpenAIPolicy(base_url=server, model=str(student), name="served", source="student", temperature=0.0,
                           max_tokens=64, seed=0, max_retries=0, timeout_s=120)
     local = TransformersPolicy(student, name="local", temperature=0.0, max_new_tokens=64, device="cpu")
