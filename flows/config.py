@@ -105,7 +105,9 @@ class FlywheelSection(BaseModel):
     pass_k: int = Field(default=4, ge=1, description="k of the held-out pass@k (k sampled episodes per task); "
                                                      "1 skips the sampled evaluation.")
     sample_temperature: float = Field(default=0.8, gt=0, description="Temperature of sampled student episodes.")
-    grpo: bool = Field(default=True, description="Run GRPO after SFT in each round.")
+    grpo: bool = Field(default=False, description="Run GRPO after SFT in each round. Off in the offline default: "
+                                                  "on the tiny CPU student, 8 GRPO steps lowered held-out pass@1 "
+                                                  "(52% -> 20%, measured); on for real students and GPUs.")
     grpo_max_tasks: int = Field(default=64, gt=0, description="At most this many GRPO tasks per round.")
 
 
@@ -143,7 +145,7 @@ class FlywheelConfig(BaseModel):
                                  description="Filters, dedup, decontamination, mix; the offline default mixes in "
                                              "the human demos shipped in data/demos/.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Task choice per round.")
-    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=1400),
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=2000),
                            description="Supervised fine-tuning (TRL SFTTrainer); the offline default is the measured "
                                        "recipe that takes the tiny student past 90% on arithmetic.")
     grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=8, num_generations=4, prompts_per_step=2,

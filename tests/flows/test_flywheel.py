@@ -22,7 +22,7 @@ SMALL = [
     "--set", "sft.max_steps=120", "--set", "flywheel.later_sft_steps=20", "--set", "grpo.max_steps=1",
     "--set", "grpo.num_generations=2", "--set", "grpo.prompts_per_step=1", "--set", "flywheel.pass_k=2",
     "--set", "flywheel.student_train_tasks=10", "--set", "student.tiny.hidden=64", "--set", "student.tiny.layers=2",
-    "--rounds", "2", "--backend", "local",
+    "--set", "flywheel.grpo=true", "--rounds", "2", "--backend", "local",
 ]
 COUNTS = ("SELECT (SELECT count(*) FROM trajectories) AS trajectories, (SELECT count(DISTINCT trajectory_id) "
           "FROM trajectories_raw) AS distinct_ids, (SELECT count(*) FROM trajectories_raw) AS raw, "
