@@ -12,7 +12,7 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
 from flows.config import FlywheelConfig
-from flows.flywheel import _student_policy, _suite_tasks, rollout_rows, score_rows
+from flows.flywheel import student_policy, suite_tasks, rollout_rows, score_rows
 
 
 @task(name="evaluate")
@@ -20,10 +20,10 @@ def evaluate_task(cfg: FlywheelConfig, model: str, run_id: str, round: int, name
     from sandbox.backend import open_backend
     from warehouse.lake import write_rows
 
-    heldout = [t for step in cfg.flywheel.suites for t in _suite_tasks(step, "heldout", cfg.run.seed)]
+    heldout = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     try:
-        rows = rollout_rows(cfg, heldout, _student_policy(cfg, model, name, temperature=0.0), run_id=run_id,
+        rows = rollout_rows(cfg, heldout, student_policy(cfg, model, name, temperature=0.0), run_id=run_id,
                             round=round, samples=1, backend=backend)
     finally:
         backend.shutdown()

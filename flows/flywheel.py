@@ -31,7 +31,7 @@ from flows.stages import Ledger
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-def _suite_tasks(step: SuiteStep, split: str, seed: int) -> list:
+def suite_tasks(step: SuiteStep, split: str, seed: int) -> list:
     from tasks.suites import load_suite
 
     n = step.train_tasks if split == "train" else step.heldout_tasks
@@ -113,7 +113,7 @@ def rollout_rows(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, round
     return fresh + old
 
 
-def _student_policy(cfg: FlywheelConfig, model_path: str, name: str, *, temperature: float, seed: int = 0):
+def student_policy(cfg: FlywheelConfig, model_path: str, name: str, *, temperature: float, seed: int = 0):
     from agents.transformers_policy import TransformersPolicy
 
     s = cfg.student
@@ -142,7 +142,7 @@ def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
     root = cfg.run.out
     timer = StageTimer()
     if cfg.student.base == "tiny":
-        corpus_tasks = [t for step in cfg.flywheel.suites for t in _suite_tasks(step, "train", cfg.run.seed)]
+        corpus_tasks = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "train", cfg.run.seed)]
         path = model_dir(root, f"{run_id}-base")
         shutil.rmtree(path, ignore_errors=True)
         t = cfg.student.tiny
@@ -163,11 +163,11 @@ def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str
     from warehouse.lake import write_rows
 
     timer = StageTimer()
-    heldout = [t for step in cfg.flywheel.suites for t in _suite_tasks(step, "heldout", cfg.run.seed)]
+    heldout = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     metrics: list[dict[str, Any]] = []
     try:
-        base = _student_policy(cfg, base_path, "base", temperature=0.0)
+        base = student_policy(cfg, base_path, "base", temperature=0.0)
         rows = rollout_rows(cfg, heldout, base, run_id=run_id, round=0, samples=1, backend=backend)
         metrics += score_rows(rows, run_id=run_id, round=0, stage="eval", subject="base", split="heldout")
         teacher = build_policy(cfg.teacher)
@@ -190,7 +190,7 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
 
     timer = StageTimer()
     tasks = [t for step in cfg.flywheel.suites if step.from_round <= round
-             for t in _suite_tasks(step, "train", cfg.run.seed)]
+             for t in suite_tasks(step, "train", cfg.run.seed)]
     chosen = tasks
     if round > 1:
         plan = plan_curriculum(cfg.run.out, cfg.curriculum, run_id=run_id, upto_round=round - 1,
@@ -229,7 +229,7 @@ def stage_curate(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]
     from warehouse.lake import write_rows
 
     timer = StageTimer()
-    heldout = [t for step in cfg.flywheel.suites for t in _suite_tasks(step, "heldout", cfg.run.seed)]
+    heldout = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
     res = curate(cfg.run.out, cfg.curate, run_id=run_id, round=round, heldout_tasks=heldout)
     metrics = [_metric(run_id, round, "curate", "snapshot", "train", "all", f"mix:{src}", n)
                for src, n in sorted(res.selected_by_source.items())]
@@ -281,7 +281,7 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
 
     root = cfg.run.out
     tasks = [t for step in cfg.flywheel.suites if step.from_round <= round
-             for t in _suite_tasks(step, "train", cfg.run.seed)]
+             for t in suite_tasks(step, "train", cfg.run.seed)]
     plan = plan_curriculum(root, cfg.curriculum, run_id=run_id, upto_round=round, task_ids=[t.id for t in tasks])
     keep = set(plan.grpo_tasks)
     chosen = [t for t in tasks if t.id in keep][: cfg.flywheel.grpo_max_tasks]
@@ -317,25 +317,25 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
 
     timer = StageTimer()
     fw = cfg.flywheel
-    heldout = [t for step in fw.suites for t in _suite_tasks(step, "heldout", cfg.run.seed)]
+    heldout = [t for step in fw.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
     train = [t for step in fw.suites if step.from_round <= round
-             for t in _suite_tasks(step, "train", cfg.run.seed)][: fw.student_train_tasks]
+             for t in suite_tasks(step, "train", cfg.run.seed)][: fw.student_train_tasks]
     name = f"student-r{round}"
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     metrics: list[dict[str, Any]] = []
     try:
-        greedy = _student_policy(cfg, student["path"], name, temperature=0.0)
+        greedy = student_policy(cfg, student["path"], name, temperature=0.0)
         rows = rollout_rows(cfg, heldout, greedy, run_id=run_id, round=round, samples=1, backend=backend)
         metrics += score_rows(rows, run_id=run_id, round=round, stage="eval", subject="student", split="heldout")
         if fw.pass_k > 1:
-            sampled = _student_policy(cfg, student["path"], f"{name}-t{fw.sample_temperature:g}",
+            sampled = student_policy(cfg, student["path"], f"{name}-t{fw.sample_temperature:g}",
                                       temperature=fw.sample_temperature, seed=round)
             rows = rollout_rows(cfg, heldout, sampled, run_id=run_id, round=round, samples=fw.pass_k,
                                 backend=backend)
             metrics += score_rows(rows, run_id=run_id, round=round, stage="eval", subject="student",
                                   split="heldout", k=fw.pass_k)
         if fw.student_train_samples > 0 and round < fw.rounds:
-            explore = _student_policy(cfg, student["path"], f"{name}-train", temperature=fw.sample_temperature,
+            explore = student_policy(cfg, student["path"], f"{name}-train", temperature=fw.sample_temperature,
                                       seed=1000 + round)
             rows = rollout_rows(cfg, train, explore, run_id=run_id, round=round,
                                 samples=fw.student_train_samples, backend=backend)

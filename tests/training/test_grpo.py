@@ -37,7 +37,7 @@ def test_vllm_without_the_gpu_extra_names_the_fix():
 def warm_student(tiny_model, ref_rows, tmp_path_factory):
     """The tiny model after a few SFT steps: it starts to write tool calls, so rollouts differ in reward."""
     out = tmp_path_factory.mktemp("warm") / "sft"
-    train_sft(tiny_model, ref_rows, out, SFTConfig(max_steps=40, batch_size=8, learning_rate=1e-2), progress=False)
+    train_sft(tiny_model, ref_rows, out, SFTConfig(max_steps=80, batch_size=8, learning_rate=1e-2), progress=False)
     return out
 
 

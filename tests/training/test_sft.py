@@ -32,9 +32,10 @@ def test_labels_cover_assistant_turns_only(tiny_model, ref_rows):
 
 def test_truncation_drops_are_counted_not_silent(tiny_model, ref_rows):
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    full, _ = tokenize_rows(tok, ref_rows[:1], SFTConfig())
+    full, _ = tokenize_rows(tok, ref_rows[:3], SFTConfig())
     n = len(full["input_ids"][0])
-    first_loss = next(i for i, lab in enumerate(full["labels"][0]) if lab != -100)
+    # a budget that ends before the first assistant token of every row (prompts differ in length)
+    first_loss = min(next(i for i, lab in enumerate(labels) if lab != -100) for labels in full["labels"])
     cols, stats = tokenize_rows(tok, ref_rows[:3], SFTConfig(max_length=first_loss))
     assert stats["dropped_truncated"] == 3 and cols["input_ids"] == []
     assert stats["dropped_ids"] == [r.trajectory_id for r in ref_rows[:3]]
