@@ -182,21 +182,25 @@ def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str
 
 @task(name="teacher-rollout", retries=1, retry_delay_seconds=5)
 def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
-    """The teacher on the curriculum's train tasks of this round's suites (all of them in round 1)."""
+    """The teacher on every train task of the suites joining this round, and on the earlier suites' tasks that the
+    student still fails (the curriculum)."""
     from agents.config import build_policy
     from sandbox.backend import open_backend
     from warehouse.curriculum import plan_curriculum
     from warehouse.lake import write_rows
 
     timer = StageTimer()
-    tasks = [t for step in cfg.flywheel.suites if step.from_round <= round
-             for t in suite_tasks(step, "train", cfg.run.seed)]
-    chosen = tasks
-    if round > 1:
-        plan = plan_curriculum(cfg.run.out, cfg.curriculum, run_id=run_id, upto_round=round - 1,
-                               task_ids=[t.id for t in tasks])
+    new = [t for step in cfg.flywheel.suites if step.from_round == round
+           for t in suite_tasks(step, "train", cfg.run.seed)]
+    earlier = [t for step in cfg.flywheel.suites if step.from_round < round
+               for t in suite_tasks(step, "train", cfg.run.seed)]
+    chosen = new
+    if earlier:
+        # Suites the teacher already covered: only the tasks the student still fails get the teacher again.
+        plan = plan_curriculum(cfg.run.out, cfg.curriculum.model_copy(update={"unseen_to_teacher": False}),
+                               run_id=run_id, upto_round=round - 1, task_ids=[t.id for t in earlier])
         wanted = set(plan.teacher_tasks)
-        chosen = [t for t in tasks if t.id in wanted]
+        chosen = new + [t for t in earlier if t.id in wanted]
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     try:
         rows = rollout_rows(cfg, chosen, build_policy(cfg.teacher), run_id=run_id, round=round,
