@@ -65,6 +65,7 @@ def _plot_heldout(rows: list[dict[str, Any]], path: Path) -> None:
         if teacher:
             ax.axhline(teacher[-1], ls="--", color="gray", label="teacher")
         ax.set_title(suite)
+        ax.set_xticks(sorted({r["round"] for r in rows}))
         ax.set_xlabel("round")
         ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel("held-out pass@1")
