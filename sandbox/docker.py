@@ -37,6 +37,7 @@ import select
 import socket
 import struct
 import threading
+import uuid
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ SANDBOX_USER = "65534:65534"
 WORKDIR = "/workspace"
 LABEL = "flywheel.sandbox"
 OWNER_LABEL = "flywheel.owner"
+BACKEND_LABEL = "flywheel.backend"  # one value per DockerBackend instance: its final sweep removes only its own
 GRACE_S = 2.0  # how long past its timeout a call may take before our own backstop kills it
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
@@ -731,6 +733,7 @@ class DockerBackend:
                 f"(or docker build -t {config.image} sandbox/)")
         self.image: str | None = img
         self.owner = _owner_tag()
+        self.instance = uuid.uuid4().hex
         self._acquire_timeout_s = acquire_timeout_s
         self._slots = threading.BoundedSemaphore(max_sandboxes)
         self._max = max_sandboxes
@@ -775,7 +778,7 @@ class DockerBackend:
         cont = api.create_container(
             c.image, command=["python3", "-S", "-c", PID1_SOURCE], user=SANDBOX_USER, working_dir=WORKDIR,
             hostname="sandbox", stdin_open=True, network_disabled=True, environment=[], use_config_proxy=False,
-            labels={LABEL: "1", OWNER_LABEL: self.owner}, host_config=host_config,
+            labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance}, host_config=host_config,
         )
         cid = cont["Id"]
         try:
@@ -849,6 +852,12 @@ class DockerBackend:
             box.watch.close()
         except Exception:  # noqa: BLE001, S110 - closing a dead socket is best effort
             pass
+        if self._closed and not self._remover.is_alive():  # after shutdown: nobody left to empty the trash
+            try:
+                self.client.api.remove_container(box.id, force=True)
+            except Exception as e:  # noqa: BLE001 - logged; the reaper is the backstop
+                log.warning("removing container %s failed: %s", box.id[:12], e)
+            return
         self._trash.put(box.id)
 
     def _remove_loop(self) -> None:
@@ -937,7 +946,17 @@ class DockerBackend:
                 break
         self._trash.put(None)
         self._remover.join(timeout=120)
+        self._sweep()
         _live_backends.discard(self)
+
+    def _sweep(self) -> None:
+        """Remove whatever of this backend is still there (a refill that outlived its join, a swap during
+        shutdown): the guarantee of no leftovers must not hang on thread timing."""
+        try:
+            for c in self.client.api.containers(all=True, filters={"label": f"{BACKEND_LABEL}={self.instance}"}):
+                self.client.api.remove_container(c["Id"], force=True)
+        except Exception as e:  # noqa: BLE001 - the reaper is the backstop; say so
+            log.warning("final sweep of backend %s failed (the reaper will remove strays): %s", self.instance[:8], e)
 
     def __enter__(self) -> DockerBackend:  # noqa: PYI034
         return self

@@ -66,7 +66,7 @@ def visible_ids(root: str) -> list[str]:
     return query(root, "SELECT trajectory_id FROM trajectories_raw").column(0).to_pylist()
 
 
-@pytest.mark.parametrize(("kills_wanted", "n"), [pytest.param(12, 300, id="quick"),
+@pytest.mark.parametrize(("kills_wanted", "n"), [pytest.param(12, 1000, id="quick"),
                                                  pytest.param(120, 1500, id="120-kills", marks=pytest.mark.slow)])
 def test_kill_dash_9_writer_many_times_then_rerun(tmp_path, kills_wanted, n):
     root = str(tmp_path / "lake")
