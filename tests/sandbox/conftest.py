@@ -63,8 +63,9 @@ def backend(request: pytest.FixtureRequest):
 
 
 def own_containers(backend) -> list[str]:
-    """Ids of containers labelled as owned by this Docker backend."""
-    cs = backend.client.api.containers(all=True, filters={"label": f"flywheel.owner={backend.owner}"})
+    """Ids of containers labelled as this Docker backend's (its instance label: other backends of the same test
+    process, opened by other test modules, share the owner label)."""
+    cs = backend.client.api.containers(all=True, filters={"label": f"flywheel.backend={backend.instance}"})
     return [c["Id"] for c in cs]
 
 
