@@ -48,6 +48,7 @@ def bounded_bomb(marker: str) -> str:
         "    raise\n"
         "if os.getpid() != me:\n"
         f"    os.execvp('sleep', ['sleep', '20'])  # {marker}\n"
+        "time.sleep(3)  # the parent outlives its forks a moment, so a slow machine still sees the tree hit the limit\n"
     )
 
 
