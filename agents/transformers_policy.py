@@ -9,13 +9,16 @@ The reply text is parsed the way the Qwen2.5 / Hermes chat templates emit tool c
 Errors, typed by the boundary they cross: a block that is not a JSON object with a string `name` and object or
 string `arguments`, an unterminated block, or an empty reply raises ModelError (the loop records model_error);
 a prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
-Greedy decoding (temperature 0) is deterministic; sampling is seeded per batch (seed + a batch counter), so a
-sampled reply depends on which requests share its batch. This module does not run tools or verify anything.
+Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
+turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of softmax(logits/T)),
+so a sampled reply does not depend on which requests share its batch or on thread timing, and a resumed run samples
+what the uninterrupted one did. This module does not run tools or verify anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import threading
@@ -88,13 +91,43 @@ def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-class _Request:
-    __slots__ = ("future", "loop", "prompt_ids")
+def sample_key(*parts: Any) -> int:
+    """A 63-bit seed from the parts that identify one sampled reply (seed, task id, sample index, turn)."""
+    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:8], "big") >> 1
 
-    def __init__(self, prompt_ids: list[int], future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+
+class _RowGumbel:
+    """A logits processor for greedy search that makes it sampling: temperature, then top-p, then Gumbel noise from
+    one generator per row (the row's own key), so each row's sample is independent of its batch."""
+
+    def __init__(self, keys: list[int], temperature: float, top_p: float) -> None:
+        import torch
+
+        self.gens = [torch.Generator().manual_seed(k) for k in keys]
+        self.temperature = temperature
+        self.top_p = top_p
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        scores = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            probs, order = torch.sort(scores.softmax(-1), dim=-1, descending=True)
+            drop = probs.cumsum(-1) - probs > self.top_p  # keep the smallest prefix whose mass reaches top_p
+            scores = scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        u = torch.stack([torch.rand(scores.shape[-1], generator=g) for g in self.gens]).to(scores.device)
+        return scores - torch.log(-torch.log(u.clamp_min(1e-20)))
+
+
+class _Request:
+    __slots__ = ("future", "key", "loop", "prompt_ids")
+
+    def __init__(self, prompt_ids: list[int], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
+                 key: int) -> None:
         self.prompt_ids = prompt_ids
         self.future = future
         self.loop = loop
+        self.key = key
 
 
 class TransformersPolicy:
@@ -159,7 +192,7 @@ class TransformersPolicy:
                                      f"the context of {self.max_context} tokens of {self.model_path}")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
-        self._queue.append(_Request(ids, fut, loop))
+        self._queue.append(_Request(ids, fut, loop, sample_key(self.seed, task.id, sample_index, len(messages))))
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         out_ids, logprobs, finish = await fut
@@ -179,7 +212,8 @@ class TransformersPolicy:
         while self._queue:
             batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size:]
             try:
-                results = await asyncio.to_thread(self._generate, [r.prompt_ids for r in batch])
+                results = await asyncio.to_thread(self._generate, [r.prompt_ids for r in batch],
+                                                  [r.key for r in batch])
             except Exception as e:  # the whole batch failed: every waiter sees it  # noqa: BLE001
                 for r in batch:
                     if not r.future.done():
@@ -190,12 +224,16 @@ class TransformersPolicy:
                     r.future.set_result(res)
             await asyncio.sleep(0)
 
-    def generate_batch(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float], str]]:
-        """Generate for several prompts at once: (completion ids up to the stop token, their logprobs, finish)."""
-        return self._generate(prompts)
+    def generate_batch(self, prompts: list[list[int]], keys: list[int] | None = None
+                       ) -> list[tuple[list[int], list[float], str]]:
+        """Generate for several prompts at once: (completion ids up to the stop token, their logprobs, finish).
+        When sampling, `keys` seed each row (default: the policy's seed and the row's position)."""
+        return self._generate(prompts, keys if keys is not None else
+                              [sample_key(self.seed, i) for i in range(len(prompts))])
 
-    def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float], str]]:
+    def _generate(self, prompts: list[list[int]], keys: list[int]) -> list[tuple[list[int], list[float], str]]:
         import torch
+        from transformers import LogitsProcessorList
 
         with self._lock:
             self._batches += 1
@@ -208,11 +246,9 @@ class TransformersPolicy:
                 attn[i, width - len(p):] = 1
             kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "eos_token_id": self._stop_ids,
                                   "pad_token_id": pad, "return_dict_in_generate": True, "output_logits": True}
-            if self.temperature > 0:
-                torch.manual_seed(self.seed + self._batches)
-                kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
-            else:
-                kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            if self.temperature > 0:  # greedy over Gumbel-perturbed logits is sampling, seeded per row
+                kw["logits_processor"] = LogitsProcessorList([_RowGumbel(keys, self.temperature, self.top_p)])
             with torch.no_grad():
                 out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
                                           **kw)

@@ -69,7 +69,9 @@ def trajectory_conversation(row: Trajectory) -> tuple[list[dict[str, Any]], list
 
 
 def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
-    """The trajectories of a training snapshot (its manifest joined to the trajectories view)."""
+    """The trajectories of a training snapshot (its manifest joined to the trajectories view), ordered by
+    trajectory id: the ids are deterministic, so a re-run of the same snapshot (a resumed flywheel, another lake
+    holding the same rows) trains on the same order, whatever the rows' write times."""
     from warehouse.query import read_trajectories
 
     sid = snapshot_id.replace("'", "''")
@@ -78,7 +80,7 @@ def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
     if not rows:
         raise TrainingError(f"snapshot {snapshot_id!r} under {root!r} has no trajectories; check the id with "
                             f"`flywheel sql --root {root}` (SELECT * FROM datasets)")
-    return rows
+    return sorted(rows, key=lambda r: r.trajectory_id)
 
 
 def _training_template(tokenizer) -> str | None:

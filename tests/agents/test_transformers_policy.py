@@ -86,3 +86,38 @@ def test_context_too_long_is_a_context_length_error(tiny_dir):
     long = [*_msgs(t), Message(role="user", content="many words " * 300)]
     with pytest.raises(ContextLengthError, match="context"):
         asyncio.run(pol.reply(long, [], task=t, sample_index=0))
+
+
+def test_sampling_is_seeded_per_request_not_per_batch(tiny_dir):
+    """A sampled reply depends on (seed, task, sample index, turn) only: the same in a batch of six or alone, the
+    same on a second run; other sample indices draw other replies."""
+    tasks = arithmetic.generate(6, split="train", seed=3)
+    batched = TransformersPolicy(tiny_dir, temperature=1.0, max_new_tokens=16, batch_size=8, device="cpu", seed=7)
+    solo = TransformersPolicy(tiny_dir, temperature=1.0, max_new_tokens=16, batch_size=1, device="cpu", seed=7)
+
+    def ids(pol, sample_index):
+        async def go():
+            return await asyncio.gather(*(pol.reply(_msgs(t), [], task=t, sample_index=sample_index)
+                                          for t in tasks), return_exceptions=True)
+        return [r.token_ids if not isinstance(r, Exception) else type(r).__name__ for r in asyncio.run(go())]
+
+    first = ids(batched, 0)
+    assert batched._batches == 1
+    assert ids(batched, 0) == first == ids(solo, 0)
+    assert ids(batched, 1) != first
+
+
+def test_row_gumbel_samples_the_tempered_softmax():
+    """Greedy over the processor's output is an exact sample of softmax(logits / T), top-p cut applied."""
+    import torch
+
+    from agents.transformers_policy import _RowGumbel
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    n = 4000
+    proc = _RowGumbel(list(range(n)), temperature=2.0, top_p=1.0)
+    picks = proc(None, logits.expand(n, 4)).argmax(-1)
+    freq = torch.bincount(picks, minlength=4).float() / n
+    assert torch.allclose(freq, torch.softmax(logits[0] / 2.0, -1), atol=0.03)
+    cut = _RowGumbel(list(range(n)), temperature=1.0, top_p=0.7)(None, logits.expand(n, 4)).argmax(-1)
+    assert set(cut.tolist()) == {0, 1}  # softmax mass 0.64 then 0.24: the first two reach 0.7
