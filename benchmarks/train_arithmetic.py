@@ -4,9 +4,13 @@ Steps, all real: reference-teacher episodes through the episode loop in sandboxe
 --backend docker); a tiny model built from the task corpus; the base scored on the held-out split (baseline, same
 process); SFT on the teacher's passing episodes; the SFT student scored; optionally GRPO from the SFT student on a
 train suite and scored again. Prints a table (held-out pass rate, mean reward, wall and CPU seconds per stage) and
-writes JSON to --out.
+writes JSON to --out. With --eval-samples k every score also samples k episodes per task at T=1 (seeded per
+request, so both checkpoints meet the same draws), a finer measure of mean reward than greedy pass@1.
 
     .venv/bin/python benchmarks/train_arithmetic.py --out /tmp/train-arith.json
+    # GRPO from an existing SFT checkpoint (e.g. a flywheel round-1 student) on the harder suite:
+    .venv/bin/python benchmarks/train_arithmetic.py --sft-checkpoint DIR --grpo-steps 20 --grpo-difficulty 2 \
+        --eval-samples 4
 """
 
 from __future__ import annotations
@@ -39,78 +43,110 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--grpo-steps", type=int, default=0, help="0 skips GRPO")
     ap.add_argument("--grpo-difficulty", type=int, default=1)
+    ap.add_argument("--grpo-lr", type=float, default=2e-4)
+    ap.add_argument("--grpo-generations", type=int, default=8, help="group size")
+    ap.add_argument("--grpo-prompts", type=int, default=4, help="tasks per GRPO step")
+    ap.add_argument("--grpo-train-tasks", type=int, default=200)
+    ap.add_argument("--grpo-beta", type=float, default=0.0)
+    ap.add_argument("--grpo-max-completion", type=int, default=128,
+                    help="token budget of a GRPO episode's turns and tool results (too small truncates correct ones)")
+    ap.add_argument("--eval-samples", type=int, default=0,
+                    help="also score k sampled episodes per held-out task at T=1 (mean reward over k x tasks)")
+    ap.add_argument("--sft-checkpoint", default=None,
+                    help="start from this SFT checkpoint: skip the teacher rollouts, the base and SFT")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(1)
-    from agents.reference import ReferencePolicy
-    from agents.rollout import rollout
     from sandbox.backend import open_backend
     from sandbox.result import SandboxConfig
     from tasks import arithmetic
-    from training.config import GRPOConfig, SFTConfig
+    from training.config import GRPOConfig
     from training.evaluate import evaluate
     from training.grpo import train_grpo
-    from training.sft import train_sft
-    from training.tiny import build_tiny_model, n_parameters, task_corpus
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     backend = open_backend(SandboxConfig(backend=args.backend))
     table: list[dict] = []
     try:
-        train = arithmetic.generate(args.train_tasks, split="train", seed=args.seed, difficulty=args.difficulty)
         held = arithmetic.generate(args.heldout_tasks, split="heldout", seed=args.seed, difficulty=args.difficulty)
-        rows: list = []
-        _, w, c = _timed(lambda: asyncio.run(rollout(train, ReferencePolicy(), backend, run_id="bench", concurrency=8,
-                                                     on_rows=rows.extend, batch_size=len(train), progress=False)))
-        teacher = [r for r in rows if r.verdict == "pass"]
-        table.append({"stage": "teacher rollouts", "episodes": len(rows), "passes": len(teacher), "wall_s": w,
-                      "cpu_s": c})
-        base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
-                            layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
-        table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
-        ev, w, c = _timed(evaluate, base, held, backend)
-        table.append({"stage": "base heldout", "pass_rate": ev.pass_rate, "mean_reward": ev.mean_reward,
-                      "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
-        cfg = SFTConfig(max_steps=args.sft_steps, learning_rate=args.lr, batch_size=args.batch, seed=args.seed)
-        sft, w, c = _timed(train_sft, base, teacher, work / "sft", cfg, progress=False)
-        table.append({"stage": "sft", "steps": sft.steps, "examples": sft.n_examples,
-                      "dropped": sft.n_dropped_truncated + sft.n_dropped_malformed, "final_loss": sft.losses[-1],
-                      "wall_s": w, "cpu_s": c})
-        ev, w, c = _timed(evaluate, sft.checkpoint_path, held, backend)
-        table.append({"stage": "sft heldout", "pass_rate": ev.pass_rate, "mean_reward": ev.mean_reward,
-                      "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
+
+        def score(stage: str, model: str, tasks: list) -> None:
+            ev, w, c = _timed(evaluate, model, tasks, backend)
+            table.append({"stage": stage, "pass_rate": ev.pass_rate, "mean_reward": ev.mean_reward,
+                          "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
+            if args.eval_samples:
+                ev, w, c = _timed(evaluate, model, tasks, backend, samples=args.eval_samples, temperature=1.0,
+                                  seed=args.seed)
+                table.append({"stage": f"{stage} T=1 x{args.eval_samples}", "pass_rate": ev.pass_rate,
+                              "mean_reward": ev.mean_reward, "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
+
+        sft_path = args.sft_checkpoint
+        if sft_path is None:
+            sft_path = _teacher_and_sft(args, held, backend, table, score)
+        else:
+            score("sft heldout", sft_path, held)
         if args.grpo_steps:
-            gtrain = arithmetic.generate(200, split="train", seed=args.seed + 1, difficulty=args.grpo_difficulty)
+            gtrain = arithmetic.generate(args.grpo_train_tasks, split="train", seed=args.seed + 1,
+                                         difficulty=args.grpo_difficulty)
             gheld = arithmetic.generate(args.heldout_tasks, split="heldout", seed=args.seed,
                                         difficulty=args.grpo_difficulty)
             if args.grpo_difficulty != args.difficulty:
-                ev, w, c = _timed(evaluate, sft.checkpoint_path, gheld, backend)
-                table.append({"stage": f"sft heldout d{args.grpo_difficulty}", "pass_rate": ev.pass_rate,
-                              "mean_reward": ev.mean_reward, "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
-            gcfg = GRPOConfig(max_steps=args.grpo_steps, num_generations=8, prompts_per_step=4,
-                              learning_rate=2e-4, max_completion_length=64, max_tool_calling_iterations=1,
+                score(f"sft heldout d{args.grpo_difficulty}", sft_path, gheld)
+            gcfg = GRPOConfig(max_steps=args.grpo_steps, num_generations=args.grpo_generations,
+                              prompts_per_step=args.grpo_prompts, learning_rate=args.grpo_lr, beta=args.grpo_beta,
+                              max_completion_length=args.grpo_max_completion, max_tool_calling_iterations=1,
                               seed=args.seed)
-            g, w, c = _timed(train_grpo, sft.checkpoint_path, gtrain, work / "grpo", gcfg, backend=backend,
-                             progress=False)
+            g, w, c = _timed(train_grpo, sft_path, gtrain, work / "grpo", gcfg, backend=backend, progress=False)
             table.append({"stage": "grpo", "steps": g.steps, "episodes": g.episodes, "verdicts": g.verdicts,
                           "hacks_with_positive_reward": g.hacks_with_positive_reward,
-                          "reward_first": g.rewards[0] if g.rewards else None,
-                          "reward_last": g.rewards[-1] if g.rewards else None, "wall_s": w, "cpu_s": c})
-            ev, w, c = _timed(evaluate, g.checkpoint_path, gheld, backend)
-            table.append({"stage": f"grpo heldout d{args.grpo_difficulty}", "pass_rate": ev.pass_rate,
-                          "mean_reward": ev.mean_reward, "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
+                          "rewards": [round(x, 3) for x in g.rewards], "wall_s": w, "cpu_s": c})
+            score(f"grpo heldout d{args.grpo_difficulty}", g.checkpoint_path, gheld)
     finally:
         backend.shutdown()
-    print(f"{'stage':<22} {'pass':>6} {'reward':>7} {'wall_s':>8} {'cpu_s':>7}  other")
+    _print(args, table)
+
+
+def _teacher_and_sft(args, held, backend, table, score) -> str:
+    """Reference-teacher rollouts, the tiny base (scored), SFT on the teacher's passes (scored); the SFT path."""
+    from agents.reference import ReferencePolicy
+    from agents.rollout import rollout
+    from tasks import arithmetic
+    from training.config import SFTConfig
+    from training.sft import train_sft
+    from training.tiny import build_tiny_model, n_parameters, task_corpus
+
+    work = Path(args.work)
+    train = arithmetic.generate(args.train_tasks, split="train", seed=args.seed, difficulty=args.difficulty)
+    rows: list = []
+    _, w, c = _timed(lambda: asyncio.run(rollout(train, ReferencePolicy(), backend, run_id="bench", concurrency=8,
+                                                 on_rows=rows.extend, batch_size=len(train), progress=False)))
+    teacher = [r for r in rows if r.verdict == "pass"]
+    table.append({"stage": "teacher rollouts", "episodes": len(rows), "passes": len(teacher), "wall_s": w,
+                  "cpu_s": c})
+    base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
+                        layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
+    table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
+    score("base heldout", base, held)
+    cfg = SFTConfig(max_steps=args.sft_steps, learning_rate=args.lr, batch_size=args.batch, seed=args.seed)
+    sft, w, c = _timed(train_sft, base, teacher, work / "sft", cfg, progress=False)
+    table.append({"stage": "sft", "steps": sft.steps, "examples": sft.n_examples,
+                  "dropped": sft.n_dropped_truncated + sft.n_dropped_malformed, "final_loss": sft.losses[-1],
+                  "wall_s": w, "cpu_s": c})
+    score("sft heldout", sft.checkpoint_path, held)
+    return sft.checkpoint_path
+
+
+def _print(args, table: list[dict]) -> None:
+    print(f"{'stage':<26} {'pass':>6} {'reward':>7} {'wall_s':>8} {'cpu_s':>7}  other")
     for r in table:
         other = {k: v for k, v in r.items() if k not in ("stage", "pass_rate", "mean_reward", "wall_s", "cpu_s")}
-        pr = f"{r['pass_rate']:.0%}" if "pass_rate" in r else ""
+        pr = f"{r['pass_rate']:.1%}" if "pass_rate" in r else ""
         mr = f"{r['mean_reward']:.3f}" if "mean_reward" in r else ""
-        print(f"{r['stage']:<22} {pr:>6} {mr:>7} {r['wall_s']:>8.1f} {r['cpu_s']:>7.1f}  {json.dumps(other)}")
+        print(f"{r['stage']:<26} {pr:>6} {mr:>7} {r['wall_s']:>8.1f} {r['cpu_s']:>7.1f}  {json.dumps(other)}")
     base_r = next((r for r in table if r["stage"] == "base heldout"), None)
     sft_r = next((r for r in table if r["stage"] == "sft heldout"), None)
     if base_r and sft_r:

@@ -210,8 +210,19 @@ def _check_keys(data: dict[str, Any], origin: str) -> None:
                     f"unknown config key '{name}.{k}' in {origin}; known keys in [{name}]: {', '.join(fields)}")
 
 
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base`, tables merged key by key (lists and values replaced whole)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> FlywheelConfig:
-    """Read TOML (optional), apply overrides, validate. Raises ConfigError naming the problem and the fix."""
+    """Read TOML (optional), apply overrides, validate. Raises ConfigError naming the problem and the fix.
+
+    The file and the overrides are laid over the full defaults key by key, so setting one key of a section keeps
+    the section's other defaults (`--set sft.learning_rate=1e-3` keeps the default's max_steps)."""
     data: dict[str, Any] = {}
     origin = "the defaults"
     if path is not None:
@@ -229,7 +240,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         origin = f"{origin} (with overrides)" if path else "the overrides"
     _check_keys(data, origin)
     try:
-        return FlywheelConfig.model_validate(data)
+        return FlywheelConfig.model_validate(_merge(FlywheelConfig().model_dump(mode="json"), data))
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
