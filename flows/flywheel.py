@@ -5,7 +5,9 @@ held-out split. Round r (1..N): the teacher rolls out on the curriculum's train 
 rows, demos and the earlier student's successes into snapshot r; SFT from the previous student (or the base),
 then GRPO on the tasks that still give signal; the new student is scored on the held-out split of every suite of
 the schedule and rolls out on the train tasks (its successes enter round r+1 as source student); metrics land
-in the rounds table and the report is rebuilt.
+in the rounds table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
+student, so they run in a thread while round r trains (`flywheel.teacher_ahead`; SFT holds one core, they use
+the other); round r+1's teacher stage finds them written and adds only the tasks the student still fails.
 
 Every stage records itself in the ledger (flows/stages.py) when its outputs are durable; `--resume RUN_ID`
 skips finished stages. Stage logic lives in agents/, tasks/, training/ and warehouse/: this module wires it.
@@ -16,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -88,7 +90,7 @@ def score_rows(rows: list, *, run_id: str, round: int, stage: str, subject: str,
 
 
 def rollout_rows(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, round: int, samples: int,
-                 backend) -> list:
+                 backend, progress: bool = True) -> list:
     """Run a policy over tasks through the real loop; write rows as they finish; return every row of the set."""
     from agents.rollout import rollout
     from warehouse.lake import existing_ids, write_trajectories
@@ -104,7 +106,7 @@ def rollout_rows(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, round
     asyncio.run(rollout(tasks, policy, backend, run_id=run_id, round=round, samples=samples,
                         concurrency=cfg.generate.concurrency, skip_ids=skip, on_rows=on_rows,
                         batch_size=cfg.generate.batch_size, infra_retries=cfg.generate.infra_retries,
-                        max_turns=cfg.generate.max_turns))
+                        max_turns=cfg.generate.max_turns, progress=progress))
     ids = {r.trajectory_id for r in fresh}
     task_ids = ",".join(f"'{t.id}'" for t in tasks) or "''"
     old = [r for r in read_trajectories(cfg.run.out, f"run_id = '{run_id}' AND round = {round} "
@@ -225,6 +227,34 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
                 for c, n in sorted(codes.items())]
     write_rows(cfg.run.out, "rounds", metrics)
     return {"tasks": len(chosen), "episodes": len(rows), "wall_s": timer.s}
+
+
+def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
+    """The teacher on the train tasks of the suites that join `round`. They depend on no student, so the flow
+    runs this in a thread while round-1 trains (SFT holds one core, these rollouts the other). Rows land in the
+    lake under `round`; that round's teacher stage then finds them written and skips them. No progress bar (the
+    student's rollouts may draw theirs meanwhile) and no Prefect calls (it runs outside the flow's thread)."""
+    from agents.config import build_policy
+    from sandbox.backend import open_backend
+    from warehouse.lake import write_rows
+
+    timer = StageTimer()
+    new = [t for step in cfg.flywheel.suites if step.from_round == round
+           for t in suite_tasks(step, "train", cfg.run.seed)]
+    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
+    try:
+        rows = rollout_rows(cfg, new, build_policy(cfg.teacher), run_id=run_id, round=round,
+                            samples=cfg.flywheel.teacher_samples, backend=backend, progress=False)
+    finally:
+        backend.shutdown()
+    write_rows(cfg.run.out, "rounds", [_metric(run_id, round, "teacher-ahead", "stage", "-", "all", "wall_s",
+                                               timer.s)])
+    return {"tasks": len(new), "episodes": len(rows), "wall_s": timer.s}
+
+
+def _ahead(ledger: Ledger, cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
+    done = ledger.get(round, "teacher-ahead")
+    return done if done is not None else ledger.done(round, "teacher-ahead", teacher_ahead(cfg, run_id, round))
 
 
 @task(name="curate")
@@ -401,11 +431,26 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False) -> FlywheelSummary:
     for r in range(1, cfg.flywheel.rounds + 1):
         _stage(ledger, r, "teacher", stage_teacher, cfg, run_id, r)
         snap = _stage(ledger, r, "curate", stage_curate, cfg, run_id, r)
-        sft = _stage(ledger, r, "sft", stage_sft, cfg, run_id, r, student, snap["snapshot_id"])
-        student = sft
-        if cfg.flywheel.grpo:
-            student = _stage(ledger, r, "grpo", stage_grpo, cfg, run_id, r, sft)
-        _stage(ledger, r, "student", stage_student, cfg, run_id, r, student)
+        ahead = None
+        if (cfg.flywheel.teacher_ahead and r < cfg.flywheel.rounds and ledger.get(r + 1, "teacher") is None
+                and any(step.from_round == r + 1 for step in cfg.flywheel.suites)):
+            logger.info("round %d teacher on the suites joining it: in a thread, while round %d trains", r + 1, r)
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teacher-ahead")
+            ahead = pool.submit(_ahead, ledger, cfg, run_id, r + 1)
+            pool.shutdown(wait=False)
+        try:
+            sft = _stage(ledger, r, "sft", stage_sft, cfg, run_id, r, student, snap["snapshot_id"])
+            student = sft
+            if cfg.flywheel.grpo:
+                student = _stage(ledger, r, "grpo", stage_grpo, cfg, run_id, r, sft)
+            _stage(ledger, r, "student", stage_student, cfg, run_id, r, student)
+        finally:
+            if ahead is not None:
+                try:  # its rows are durable as they land; whatever it missed, round r+1's teacher stage runs
+                    logger.info("round %d teacher ahead: %s", r + 1, ahead.result())
+                except Exception as e:  # noqa: BLE001
+                    logger.warning("round %d teacher ahead failed (%s: %s); round %d's teacher stage runs those "
+                                   "tasks instead", r + 1, type(e).__name__, e, r + 1)
         compact(root, run_id)
         report = build_report(root, run_id)
         create_markdown_artifact(key="flywheel-report", markdown=report.markdown,

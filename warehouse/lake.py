@@ -21,9 +21,7 @@ This module does not read for analysis (query.py does) and does not open DuckDB.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
-import math
 import os
 import re
 import secrets
@@ -38,10 +36,16 @@ from urllib.parse import urlparse
 import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.json as pj
 import pyarrow.parquet as pq
 
-from warehouse.record import PARTITION_COLUMNS, TRAJECTORY_SCHEMA, Trajectory, to_table
+from warehouse.record import (
+    FUNCTION_TYPE,
+    MESSAGE_TYPE,
+    PARTITION_COLUMNS,
+    TOOL_CALL_TYPE,
+    TRAJECTORY_SCHEMA,
+    Trajectory,
+)
 from warehouse.tables import (
     MANIFEST_FILE,
     MANIFEST_SCHEMA,
@@ -366,34 +370,42 @@ def _new_part_name() -> str:
     return f"part-{time.time_ns():016x}{secrets.token_hex(8)}.parquet"
 
 
-def _json_safe(r: Trajectory) -> bool:
-    """False when a float is NaN or infinite (pydantic's JSON turns those into null): such rows take the exact,
-    slower path."""
-    if not (math.isfinite(r.reward) and math.isfinite(r.cost_usd) and math.isfinite(r.latency_ms)):
-        return False
-    if r.completion_logprobs is not None:
-        return all(math.isfinite(x) for seq in r.completion_logprobs for x in seq)
-    return True
+def _offsets(lengths: Iterable[int]) -> pa.Array:
+    out, acc = [0], 0
+    for n in lengths:
+        acc += n
+        out.append(acc)
+    return pa.array(out, pa.int32())
+
+
+def _messages_array(rows: list[Trajectory]) -> pa.Array:
+    """The messages column, built from flat per-field lists plus offsets (no per-row dicts)."""
+    msgs = [m for r in rows for m in r.messages]
+    calls = [c for m in msgs if m.tool_calls for c in m.tool_calls]
+    function = pa.StructArray.from_arrays(
+        [pa.array([c.function.name for c in calls], pa.string()),
+         pa.array([c.function.arguments for c in calls], pa.string())], fields=list(FUNCTION_TYPE))
+    call = pa.StructArray.from_arrays(
+        [pa.array([c.id for c in calls], pa.string()), pa.array([c.type for c in calls], pa.string()), function],
+        fields=list(TOOL_CALL_TYPE))
+    tool_calls = pa.ListArray.from_arrays(_offsets(len(m.tool_calls or ()) for m in msgs), call,
+                                          mask=pa.array([m.tool_calls is None for m in msgs], pa.bool_()))
+    message = pa.StructArray.from_arrays(
+        [pa.array([m.role for m in msgs], pa.string()), pa.array([m.content for m in msgs], pa.string()),
+         tool_calls, pa.array([m.tool_call_id for m in msgs], pa.string()),
+         pa.array([m.name for m in msgs], pa.string())], fields=list(MESSAGE_TYPE))
+    return pa.ListArray.from_arrays(_offsets(len(r.messages) for r in rows), message)
 
 
 def trajectories_to_file_table(rows: list[Trajectory]) -> pa.Table:
     """Rows -> an Arrow table with FILE_SCHEMA (the record minus partition columns).
 
-    Same values as record.to_table, 3-5x faster: pydantic's JSON serialiser (Rust) feeds Arrow's JSON reader
-    with the schema given, instead of building Python dicts. Batches holding NaN or infinite floats (which JSON
-    cannot carry) go through record.to_table instead.
+    Same values as record.to_table (a test holds them equal), about 2x faster: each column is built from one
+    list of attribute values, messages from flat per-field lists and offsets, with no per-row dict or JSON.
     """
-    if not all(_json_safe(r) for r in rows):
-        return to_table(rows).select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
-    data = "\n".join(r.model_dump_json() for r in rows).encode()
-    opts = pj.ParseOptions(explicit_schema=TRAJECTORY_SCHEMA, unexpected_field_behavior="error")
-    # One block, one thread: measured faster than the threaded reader for batches of up to tens of MB.
-    block = max(1 << 20, min(len(data) + 1, 256 << 20))
-    table = pj.read_json(io.BytesIO(data), parse_options=opts,
-                         read_options=pj.ReadOptions(use_threads=False, block_size=block))
-    if table.num_rows != len(rows):
-        raise LakeError(f"serialising {len(rows)} trajectories produced {table.num_rows} rows")
-    return table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
+    cols = [_messages_array(rows) if f.name == "messages" else pa.array([getattr(r, f.name) for r in rows], f.type)
+            for f in FILE_SCHEMA]
+    return pa.Table.from_arrays(cols, schema=FILE_SCHEMA)
 
 
 def write_trajectories(root: str, rows: Iterable[Trajectory]) -> WriteResult:

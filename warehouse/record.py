@@ -118,13 +118,13 @@ def trajectory_id(run_id: str, round: int, task_id: str, policy: str, sample_ind
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-_FUNCTION = pa.struct([("name", pa.string()), ("arguments", pa.string())])
-_TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", _FUNCTION)])
+FUNCTION_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.string())])
+TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", FUNCTION_TYPE)])
 MESSAGE_TYPE = pa.struct(
     [
         ("role", pa.string()),
         ("content", pa.string()),
-        ("tool_calls", pa.list_(_TOOL_CALL)),
+        ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
         ("tool_call_id", pa.string()),
         ("name", pa.string()),
     ]

@@ -250,9 +250,14 @@ def test_file_table_conversion_matches_record_to_table(traj):
 
     rows = [traj(i, endpoint="e", hack_flags=["a", "b"], completion_token_ids=[[1, 2], [3]],
                  completion_logprobs=[[-0.5, -0.25]], error_class=None) for i in range(5)]
+    from warehouse.record import Message
+
+    rows.append(traj(9, messages=[Message(role="assistant", content="x", tool_calls=[])]))  # [] is not null
+    rows.append(traj(10, messages=[]))
     fast = lake_mod.trajectories_to_file_table(rows)
     slow = to_table(rows).select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
     assert fast.equals(slow)
+    assert fast.column("messages").to_pylist()[-2][0]["tool_calls"] == []
     odd = [traj(0, completion_logprobs=[[float("-inf"), -1.0]], latency_ms=float("nan"))]  # JSON cannot carry these
     t = lake_mod.trajectories_to_file_table(odd)
     assert t.column("completion_logprobs").to_pylist() == [[[float("-inf"), -1.0]]]
