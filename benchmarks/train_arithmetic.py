@@ -18,8 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 import time
 from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path and benchmarks/sandbox.py would shadow the package.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _timed(fn, *a, **kw):

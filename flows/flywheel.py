@@ -16,7 +16,9 @@ skips finished stages. Stage logic lives in agents/, tasks/, training/ and wareh
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -239,6 +241,13 @@ def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
     from warehouse.lake import write_rows
 
     timer = StageTimer()
+    # Training comes first: this thread, the threads it starts and their sandboxes (all inherit it) take the CPU
+    # that SFT leaves over. Measured on 2 cores: without it SFT ran at ~1.7 steps/s beside these rollouts
+    # instead of ~6.
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 15)
+    except (AttributeError, OSError):  # not Linux: same priority, still correct
+        pass
     new = [t for step in cfg.flywheel.suites if step.from_round == round
            for t in suite_tasks(step, "train", cfg.run.seed)]
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
