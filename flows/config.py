@@ -109,7 +109,7 @@ class FlywheelSection(BaseModel):
                                                   "on the tiny CPU student, 8 GRPO steps lowered held-out pass@1 "
                                                   "(52% -> 20%, measured); on for real students and GPUs.")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
-                                                          "in a thread while round r trains (they depend on no "
+                                                          "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
     grpo_max_tasks: int = Field(default=64, gt=0, description="At most this many GRPO tasks per round.")
 

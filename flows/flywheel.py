@@ -6,8 +6,9 @@ rows, demos and the earlier student's successes into snapshot r; SFT from the pr
 then GRPO on the tasks that still give signal; the new student is scored on the held-out split of every suite of
 the schedule and rolls out on the train tasks (its successes enter round r+1 as source student); metrics land
 in the rounds table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
-student, so they run in a thread while round r trains (`flywheel.teacher_ahead`; SFT holds one core, they use
-the other); round r+1's teacher stage finds them written and adds only the tasks the student still fails.
+student, so they run in a low-priority child process while round r trains (`flywheel.teacher_ahead`; SFT holds
+one core, they use the other); round r+1's teacher stage finds them written and adds only the tasks the student
+still fails.
 
 Every stage records itself in the ledger (flows/stages.py) when its outputs are durable; `--resume RUN_ID`
 skips finished stages. Stage logic lives in agents/, tasks/, training/ and warehouse/: this module wires it.
@@ -16,11 +17,11 @@ skips finished stages. Stage logic lives in agents/, tasks/, training/ and wareh
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import shutil
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
@@ -233,21 +234,14 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
 
 def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
     """The teacher on the train tasks of the suites that join `round`. They depend on no student, so the flow
-    runs this in a thread while round-1 trains (SFT holds one core, these rollouts the other). Rows land in the
-    lake under `round`; that round's teacher stage then finds them written and skips them. No progress bar (the
-    student's rollouts may draw theirs meanwhile) and no Prefect calls (it runs outside the flow's thread)."""
+    runs this in a child process while round-1 trains (SFT holds one core, these rollouts the other). Rows land
+    in the lake under `round`; that round's teacher stage then finds them written and skips them. No progress bar
+    (the student's rollouts may draw theirs meanwhile) and no Prefect calls (it runs outside the flow)."""
     from agents.config import build_policy
     from sandbox.backend import open_backend
     from warehouse.lake import write_rows
 
     timer = StageTimer()
-    # Training comes first: this thread, the threads it starts and their sandboxes (all inherit it) take the CPU
-    # that SFT leaves over. Measured on 2 cores: without it SFT ran at ~1.7 steps/s beside these rollouts
-    # instead of ~6.
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 15)
-    except (AttributeError, OSError):  # not Linux: same priority, still correct
-        pass
     new = [t for step in cfg.flywheel.suites if step.from_round == round
            for t in suite_tasks(step, "train", cfg.run.seed)]
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
@@ -261,7 +255,17 @@ def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
     return {"tasks": len(new), "episodes": len(rows), "wall_s": timer.s}
 
 
-def _ahead(ledger: Ledger, cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
+def _ahead(cfg_json: str, run_id: str, round: int) -> dict[str, Any]:
+    """teacher_ahead in a child process at low priority, recorded in the ledger. A process, not a thread: in a
+    thread its rollouts held the GIL against SFT's Python (measured on 2 cores: SFT fell from ~6 to 1.2-1.7
+    steps/s beside it, worse when the thread was niced, since a descheduled thread keeps the GIL); a niced
+    process takes only the CPU that training leaves over."""
+    try:
+        os.nice(15)
+    except OSError:  # not permitted: same priority, still correct
+        pass
+    cfg = FlywheelConfig.model_validate_json(cfg_json)
+    ledger = Ledger(cfg.run.out, run_id)
     done = ledger.get(round, "teacher-ahead")
     return done if done is not None else ledger.done(round, "teacher-ahead", teacher_ahead(cfg, run_id, round))
 
@@ -443,9 +447,10 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False) -> FlywheelSummary:
         ahead = None
         if (cfg.flywheel.teacher_ahead and r < cfg.flywheel.rounds and ledger.get(r + 1, "teacher") is None
                 and any(step.from_round == r + 1 for step in cfg.flywheel.suites)):
-            logger.info("round %d teacher on the suites joining it: in a thread, while round %d trains", r + 1, r)
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teacher-ahead")
-            ahead = pool.submit(_ahead, ledger, cfg, run_id, r + 1)
+            logger.info("round %d teacher on the suites joining it: in a child process, while round %d trains",
+                        r + 1, r)
+            pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            ahead = pool.submit(_ahead, cfg.model_dump_json(), run_id, r + 1)
             pool.shutdown(wait=False)
         try:
             sft = _stage(ledger, r, "sft", stage_sft, cfg, run_id, r, student, snap["snapshot_id"])
