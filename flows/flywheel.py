@@ -234,9 +234,9 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
 
 def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
     """The teacher on the train tasks of the suites that join `round`. They depend on no student, so the flow
-    runs this in a child process while round-1 trains (SFT holds one core, these rollouts the other). Rows land
-    in the lake under `round`; that round's teacher stage then finds them written and skips them. No progress bar
-    (the student's rollouts may draw theirs meanwhile) and no Prefect calls (it runs outside the flow)."""
+    runs this in a child process while the round before it trains (SFT holds one core, these rollouts the other).
+    Rows land in the lake under `round`; that round's teacher stage then finds them written and skips them. No
+    progress bar (the student's rollouts may draw theirs meanwhile), no Prefect calls (it runs outside the flow)."""
     from agents.config import build_policy
     from sandbox.backend import open_backend
     from warehouse.lake import write_rows
