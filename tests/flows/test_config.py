@@ -10,7 +10,7 @@ from flows.config import ConfigError, FlywheelConfig, load_config
 def test_one_key_of_a_section_keeps_the_sections_other_defaults(tmp_path):
     default = FlywheelConfig()
     cfg = load_config(overrides=["sft.threads=2", "teacher.seed=3"])
-    assert cfg.sft.threads == 2 and cfg.sft.max_steps == default.sft.max_steps == 2000 and cfg.sft.weight_decay == 0.1
+    assert cfg.sft.threads == 2 and cfg.sft.max_steps == default.sft.max_steps == 2000 and cfg.sft.learning_rate == 5e-3
     assert cfg.teacher.seed == 3 and cfg.teacher.noise == default.teacher.noise
     f = tmp_path / "c.toml"
     f.write_text("[grpo]\nmax_steps = 3\n[curate]\ndemo_round = 2\n")
