@@ -43,6 +43,12 @@ def suite_tasks(step: SuiteStep, split: str, seed: int) -> list:
     return load_suite(step.suite, n=n, split=split, seed=seed, difficulty=step.difficulty)
 
 
+def joining_tasks(cfg: FlywheelConfig, round: int) -> list:
+    """The train tasks of the suites that join the schedule in `round` (the teacher covers them whole)."""
+    return [t for step in cfg.flywheel.suites if step.from_round == round
+            for t in suite_tasks(step, "train", cfg.run.seed)]
+
+
 def suite_label(step: SuiteStep) -> str:
     """A suite of the schedule as shown in metrics: name plus difficulty (arithmetic-d2)."""
     return f"{step.suite}-d{step.difficulty}"
@@ -195,8 +201,7 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
     from warehouse.lake import write_rows
 
     timer = StageTimer()
-    new = [t for step in cfg.flywheel.suites if step.from_round == round
-           for t in suite_tasks(step, "train", cfg.run.seed)]
+    new = joining_tasks(cfg, round)
     earlier = [t for step in cfg.flywheel.suites if step.from_round < round
                for t in suite_tasks(step, "train", cfg.run.seed)]
     chosen = new
@@ -242,8 +247,7 @@ def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
     from warehouse.lake import write_rows
 
     timer = StageTimer()
-    new = [t for step in cfg.flywheel.suites if step.from_round == round
-           for t in suite_tasks(step, "train", cfg.run.seed)]
+    new = joining_tasks(cfg, round)
     backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     try:
         rows = rollout_rows(cfg, new, build_policy(cfg.teacher), run_id=run_id, round=round,

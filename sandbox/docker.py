@@ -37,8 +37,8 @@ import select
 import socket
 import struct
 import threading
-import uuid
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
