@@ -171,6 +171,31 @@ def bench_episodes(backend, threads: int, seconds: float) -> dict:
             "calls_per_s": len(ms) / wall}
 
 
+def bench_spawn_as_nobody(n: int, ballast_mb: int) -> list[dict]:
+    """Spawning a process as the sandbox user from a parent holding `ballast_mb` of memory (a flow process holds
+    torch and a model: ~700 MB): Popen(user=, group=, extra_groups=) -- how the local backend did it, which makes
+    CPython fork the parent -- next to the `setpriv` prefix it uses now (CPython can vfork). Root only."""
+    import shutil as _shutil
+
+    ballast = bytearray(ballast_mb * 1024 * 1024)
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1  # touch every page: page tables are what a fork copies
+    setpriv = _shutil.which("setpriv")
+    ways = {f"spawn as nobody, Popen(user=) ({ballast_mb} MB parent)":
+            lambda: subprocess.run(["/bin/true"], user=65534, group=65534, extra_groups=[], start_new_session=True,
+                                   check=True),
+            f"spawn as nobody, setpriv ({ballast_mb} MB parent)":
+            lambda: subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--", "/bin/true"],
+                                   start_new_session=True, check=True)}
+    rows = []
+    for name, fn in ways.items():
+        fn()
+        ms, wall = timed(fn, n, lambda p: None)
+        rows.append(summary(name, ms, wall))
+    del ballast
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=200, help="calls per warm-interpreter path")
@@ -181,6 +206,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--no-local", action="store_true", help="skip the bubblewrap backend")
+    ap.add_argument("--ballast-mb", type=int, default=700, help="memory the parent holds in the spawn comparison")
     ap.add_argument("--out", default="/tmp/flywheel-bench/sandbox.json")
     a = ap.parse_args()
 
@@ -209,6 +235,8 @@ def main() -> None:
                 rows += bench_sandbox(lb, a.n, a.n_exec, "local")
             finally:
                 lb.shutdown()
+            if os.geteuid() == 0:
+                rows += bench_spawn_as_nobody(a.n_exec, a.ballast_mb)
         except Exception as e:  # noqa: BLE001 - a missing bwrap is reported, not fatal to the docker numbers
             print(f"local backend skipped: {type(e).__name__}: {e}", file=sys.stderr)
 
@@ -240,7 +268,7 @@ def main() -> None:
         t.add_column(col, justify="left" if col == "path" else "right")
     for r in rows:
         cps = f"{r['calls_per_s']:.0f}" if r["calls_per_s"] else "-"
-        per_call = r["calls_per_s"] and not r["path"].startswith(("pool", "episodes"))
+        per_call = r["calls_per_s"] and not r["path"].startswith(("pool", "episodes", "spawn"))
         ratio = f"{run / r['p50_ms']:.0f}x" if per_call else "-"
         t.add_row(r["path"], str(r["n"]), f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", cps, ratio)
     con = Console()

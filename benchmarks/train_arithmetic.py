@@ -1,7 +1,8 @@
 """Offline training demo on the arithmetic suite, measured: fresh tiny student vs SFT student vs GRPO student.
 
 Steps, all real: reference-teacher episodes through the episode loop in sandboxes (local bubblewrap backend, or
---backend docker); a tiny model built from the task corpus; the base scored on the held-out split (baseline, same
+--backend docker); a tiny model built from the task corpus (optionally given a copy warm-up: echoes
+of the train prompts, training/warmup.py); the base scored on the held-out split (baseline, same
 process); SFT on the teacher's passing episodes; the SFT student scored; optionally GRPO from the SFT student on a
 train suite and scored again. Prints a table (held-out pass rate, mean reward, wall and CPU seconds per stage) and
 writes JSON to --out. With --eval-samples k every score also samples k episodes per task at T=1 (seeded per
@@ -45,8 +46,11 @@ def main() -> None:
     ap.add_argument("--difficulty", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--copy-warmup-steps", type=int, default=0, help="echo steps on the train prompts before SFT "
+                    "(training/warmup.py; 400 removes SFT's loss plateau); 0 starts SFT from the random weights")
     ap.add_argument("--sft-steps", type=int, default=2000)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.3)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--grpo-steps", type=int, default=0, help="0 skips GRPO")
     ap.add_argument("--grpo-difficulty", type=int, default=1)
@@ -55,6 +59,7 @@ def main() -> None:
     ap.add_argument("--grpo-prompts", type=int, default=4, help="tasks per GRPO step")
     ap.add_argument("--grpo-train-tasks", type=int, default=200)
     ap.add_argument("--grpo-beta", type=float, default=0.0)
+    ap.add_argument("--grpo-temperature", type=float, default=1.0, help="sampling temperature of GRPO rollouts")
     ap.add_argument("--grpo-max-completion", type=int, default=128,
                     help="token budget of a GRPO episode's turns and tool results (too small truncates correct ones)")
     ap.add_argument("--eval-samples", type=int, default=0,
@@ -106,7 +111,7 @@ def main() -> None:
             gcfg = GRPOConfig(max_steps=args.grpo_steps, num_generations=args.grpo_generations,
                               prompts_per_step=args.grpo_prompts, learning_rate=args.grpo_lr, beta=args.grpo_beta,
                               max_completion_length=args.grpo_max_completion, max_tool_calling_iterations=1,
-                              seed=args.seed)
+                              temperature=args.grpo_temperature, seed=args.seed)
             g, w, c = _timed(train_grpo, sft_path, gtrain, work / "grpo", gcfg, backend=backend, progress=False)
             table.append({"stage": "grpo", "steps": g.steps, "episodes": g.episodes, "verdicts": g.verdicts,
                           "hacks_with_positive_reward": g.hacks_with_positive_reward,
@@ -125,6 +130,7 @@ def _teacher_and_sft(args, held, backend, table, score) -> str:
     from training.config import SFTConfig
     from training.sft import train_sft
     from training.tiny import build_tiny_model, n_parameters, task_corpus
+    from training.warmup import warm_up_copying
 
     work = Path(args.work)
     train = arithmetic.generate(args.train_tasks, split="train", seed=args.seed, difficulty=args.difficulty)
@@ -137,8 +143,13 @@ def _teacher_and_sft(args, held, backend, table, score) -> str:
     base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
                         layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
     table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
+    warm, w, c = _timed(warm_up_copying, base, [t.prompt for t in train], steps=args.copy_warmup_steps,
+                        seed=args.seed)
+    table.append({"stage": "copy warm-up", "steps": warm.steps, "final_loss": warm.final_loss, "wall_s": w,
+                  "cpu_s": c})
     score("base heldout", base, held)
-    cfg = SFTConfig(max_steps=args.sft_steps, learning_rate=args.lr, batch_size=args.batch, seed=args.seed)
+    cfg = SFTConfig(max_steps=args.sft_steps, learning_rate=args.lr, weight_decay=args.weight_decay,
+                    batch_size=args.batch, seed=args.seed)
     sft, w, c = _timed(train_sft, base, teacher, work / "sft", cfg, progress=False)
     table.append({"stage": "sft", "steps": sft.steps, "examples": sft.n_examples,
                   "dropped": sft.n_dropped_truncated + sft.n_dropped_malformed, "final_loss": sft.losses[-1],

@@ -149,9 +149,11 @@ def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
     """Build the tiny base student from the schedule's task corpus (or use the configured model) and register it."""
     from training.registry import model_dir, register_checkpoint
     from training.tiny import build_tiny_model, task_corpus
+    from training.warmup import warm_up_copying
 
     root = cfg.run.out
     timer = StageTimer()
+    metrics: dict[str, Any] = {}
     if cfg.student.base == "tiny":
         corpus_tasks = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "train", cfg.run.seed)]
         path = model_dir(root, f"{run_id}-base")
@@ -159,11 +161,16 @@ def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
         t = cfg.student.tiny
         build_tiny_model(path, task_corpus(corpus_tasks), hidden=t.hidden, layers=t.layers, heads=t.heads,
                          kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed)
+        warm = warm_up_copying(path, [task.prompt for task in corpus_tasks], steps=t.copy_warmup_steps, seed=t.seed,
+                               threads=cfg.sft.threads, progress=True)
+        if warm.steps:
+            metrics["copy_warmup_steps"] = warm.steps
+            metrics["copy_warmup_loss"] = round(warm.final_loss, 4)
     else:
         path = cfg.student.base
-    ck = register_checkpoint(root, run_id=run_id, round=0, stage="base", path=str(path),
-                             metrics={"wall_s": timer.s})
-    return {"checkpoint_id": ck.checkpoint_id, "path": str(path), "wall_s": timer.s}
+    metrics["wall_s"] = timer.s
+    ck = register_checkpoint(root, run_id=run_id, round=0, stage="base", path=str(path), metrics=metrics)
+    return {"checkpoint_id": ck.checkpoint_id, "path": str(path), **metrics}
 
 
 @task(name="score-base-and-teacher")

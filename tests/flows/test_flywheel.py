@@ -30,6 +30,7 @@ SMALL = [
     "--set", "sft.max_steps=120", "--set", "flywheel.later_sft_steps=20", "--set", "grpo.max_steps=1",
     "--set", "grpo.num_generations=2", "--set", "grpo.prompts_per_step=1", "--set", "flywheel.pass_k=2",
     "--set", "flywheel.student_train_tasks=10", "--set", "student.tiny.hidden=64", "--set", "student.tiny.layers=2",
+    "--set", "student.tiny.copy_warmup_steps=20",
     "--set", "flywheel.grpo=true", "--set", "student.batch_size=1", "--rounds", "2", "--backend", "local",
 ]
 PRE_KILL = ("SELECT trajectory_id FROM trajectories_raw WHERE round = 0 OR (round = 1 AND source = 'teacher') "

@@ -100,6 +100,27 @@ def test_interpreter_death_restarts_with_a_note_and_keeps_files(sb):
     assert "fresh interpreter" in r.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host-user switch happens only when we are root")
+def test_as_root_the_sandbox_runs_as_host_nobody_without_root_groups(sb):
+    """Seen from the host: PID 1 of the sandbox and every entered process run as uid/gid 65534 with no
+    supplementary groups (the switch is made by setpriv and by the enter helper, not by Popen's user/group
+    arguments, which would make CPython fork the whole flow process for every spawn)."""
+    assert sb.run_python("x = 1").verdict == "ok"  # the persistent interpreter: an entered process that stays
+
+    def status(pid: int) -> dict[str, str]:
+        return dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if ":\t" in line)
+
+    holder = status(sb.holder_pid)
+    assert holder["Uid"].split()[:2] == ["65534", "65534"] and holder["Gid"].split()[:2] == ["65534", "65534"]
+    assert holder["Groups"].strip() == ""
+    interp = [p for p in sb.processes() if p != sb.holder_pid]
+    assert interp, sb.processes()
+    for pid in interp:
+        st = status(pid)
+        assert st["Uid"].split()[0] == "65534" and st["Groups"].strip() == "", st
+
+
 def test_files_are_shared_between_exec_write_files_and_python(sb):
     sb.write_files({"pkg/data.txt": "hello", "top.txt": "t"})
     assert sb.exec(["cat", "pkg/data.txt"]).stdout == "hello"

@@ -1,0 +1,104 @@
+"""Copy warm-up of a fresh tiny base: a few hundred steps of echoing texts, so that the model can copy from context.
+
+Every real student is a pretrained language model, and one thing every pretrained model can do is copy a span it has
+just read (induction heads). A tiny model built from random weights cannot, and measured on 2 cores that is what
+slows and derails its SFT: the loss sits on a plateau (~0.4) until a copy mechanism forms, which took 600 to 1,500
+of 2,000 steps depending on the data order, and in some orders the model settled instead for adding the numbers in
+its head (issue 9: 54-72% held-out instead of 100%). `warm_up_copying` trains the model on
+`<|im_start|>TEXT<|im_end|>TEXT<|im_end|>` with the loss on the second copy only: ~400 steps (~50 s on one core)
+take the echo loss from ~0.8 to ~0.15, and SFT then learns at once (its loss at step 400: 0.01-0.15 after the
+warm-up, 0.36-0.42 without). Measured, not a free lunch: 1,400 SFT steps after it reached >= 98% held-out in 3 of
+4 data orders (88% in the fourth), and 2,000 steps with weight decay 0.3 and no warm-up reached >= 98% in 5 of 5;
+so the offline default (TinyModelConfig.copy_warmup_steps) keeps it off, and it is there for shorter SFT budgets.
+
+What it does not do: it never shows the model a chat turn, a tool call or an answer, so the base still scores 0%
+(the flywheel measures it); pass it train-split texts only (the flywheel passes its train tasks' prompts). It
+trains nothing else (SFT and GRPO: sft.py, grpo.py).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+
+class WarmupError(ValueError):
+    """The warm-up cannot run on these inputs (no texts, bad sizes)."""
+
+
+class WarmupResult(BaseModel):
+    steps: int
+    losses: list[float]
+    wall_s: float
+
+    @property
+    def final_loss(self) -> float:
+        tail = self.losses[-20:]
+        return sum(tail) / len(tail) if tail else float("nan")
+
+
+def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int, learning_rate: float = 3e-3,
+                    batch_size: int = 32, weight_decay: float = 0.1, seed: int = 0, threads: int | None = 1,
+                    progress: bool = False) -> WarmupResult:
+    """Train the model in `model_dir` to echo `texts` for `steps` steps and save it back in place.
+
+    AdamW with a 30-step linear warm-up then a constant rate, gradient norm clipped to 1. Seeded: the same inputs give
+    the same losses on the same machine. `steps=0` leaves the folder untouched.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if steps < 0 or batch_size < 1:
+        raise WarmupError(f"steps must be >= 0 and batch_size >= 1, not steps={steps}, batch_size={batch_size}")
+    if steps == 0:
+        return WarmupResult(steps=0, losses=[], wall_s=0.0)
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise WarmupError("no texts to echo: pass the train tasks' prompts (e.g. [t.prompt for t in tasks])")
+    t0 = time.perf_counter()
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    encoded = [tok.encode(t, add_special_tokens=False) for t in texts]
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
+    model.train()
+    losses: list[float] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, desc="copy warm-up", unit="step")
+    for _ in range(steps):
+        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+        seqs = [[start, *e, end, *e, end] for e in batch]
+        labels = [[-100] * (len(e) + 2) + [*e, end] for e in batch]
+        loss = model(input_ids=_padded(seqs, tok.pad_token_id), attention_mask=_padded([[1] * len(s) for s in seqs], 0),
+                     labels=_padded(labels, -100)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    if bar is not None:
+        bar.close()
+    model.save_pretrained(str(model_dir))
+    return WarmupResult(steps=steps, losses=losses, wall_s=time.perf_counter() - t0)
+
+
+def _padded(rows: list[list[int]], value: int):
+    import torch
+
+    width = max(map(len, rows))
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
