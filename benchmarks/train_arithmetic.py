@@ -1,8 +1,8 @@
 """Offline training demo on the arithmetic suite, measured: fresh tiny student vs SFT student vs GRPO student.
 
 Steps, all real: reference-teacher episodes through the episode loop in sandboxes (local bubblewrap backend, or
---backend docker); a tiny model built from the task corpus (optionally given a copy warm-up: echoes
-of the train prompts, training/warmup.py); the base scored on the held-out split (baseline, same
+--backend docker); a tiny model built from the task corpus and given its copy warm-up (echoes of the
+train prompts, training/warmup.py); the base scored on the held-out split (baseline, same
 process); SFT on the teacher's passing episodes; the SFT student scored; optionally GRPO from the SFT student on a
 train suite and scored again. Prints a table (held-out pass rate, mean reward, wall and CPU seconds per stage) and
 writes JSON to --out. With --eval-samples k every score also samples k episodes per task at T=1 (seeded per
@@ -46,8 +46,8 @@ def main() -> None:
     ap.add_argument("--difficulty", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--copy-warmup-steps", type=int, default=0, help="echo steps on the train prompts before SFT "
-                    "(training/warmup.py; 400 removes SFT's loss plateau); 0 starts SFT from the random weights")
+    ap.add_argument("--copy-warmup-steps", type=int, default=400, help="echo steps on the train prompts before SFT "
+                    "(training/warmup.py); 0 starts SFT from the random weights")
     ap.add_argument("--sft-steps", type=int, default=2000)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--weight-decay", type=float, default=0.3)

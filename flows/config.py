@@ -150,10 +150,11 @@ class FlywheelConfig(BaseModel):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Task choice per round.")
     sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=2000, learning_rate=5e-3, weight_decay=0.3),
                            description="Supervised fine-tuning (TRL SFTTrainer); the offline default is the measured "
-                                       "recipe that takes the tiny student to >= 98% on arithmetic in every data "
-                                       "order tried (5 of 5): with weight decay 0.1 or less some orders stalled at "
-                                       "54-72% (the student added the numbers in its head instead of copying the "
-                                       "tool's output).")
+                                       "recipe that takes the tiny student (after its copy warm-up, "
+                                       "student.tiny.copy_warmup_steps) to 100% on held-out arithmetic in every "
+                                       "data order tried: with weight decay 0.1 or less, or without the warm-up, "
+                                       "some orders stalled at 54-74% (the student added the numbers in its head "
+                                       "instead of copying the tool's output).")
     grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=8, num_generations=4, prompts_per_step=2,
                                                                       learning_rate=1e-4),
                              description="GRPO (TRL GRPOTrainer) in our sandboxes; small on the CPU default.")

@@ -302,7 +302,9 @@ def stage_curate(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]
             "wall_s": timer.s}
 
 
-@task(name="sft")
+# log_prints off for the training tasks: dill (datasets' fingerprinting) runs dis.dis, which prints, while it
+# captures sys.stdout; Prefect's print logging would put ~500 lines of bytecode into the run's log.
+@task(name="sft", log_prints=False)
 def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, Any], snapshot_id: str
               ) -> dict[str, Any]:
     from training.registry import model_dir, register_checkpoint
@@ -329,7 +331,7 @@ def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, An
             "losses": res.losses[-5:], "examples": res.n_examples}
 
 
-@task(name="grpo")
+@task(name="grpo", log_prints=False)
 def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, Any]) -> dict[str, Any]:
     from sandbox.backend import open_backend
     from training.grpo import train_grpo

@@ -4,12 +4,13 @@ Every real student is a pretrained language model, and one thing every pretraine
 just read (induction heads). A tiny model built from random weights cannot, and measured on 2 cores that is what
 slows and derails its SFT: the loss sits on a plateau (~0.4) until a copy mechanism forms, which took 600 to 1,500
 of 2,000 steps depending on the data order, and in some orders the model settled instead for adding the numbers in
-its head (issue 9: 54-72% held-out instead of 100%). `warm_up_copying` trains the model on
+its head (issue 9: 54-74% held-out instead of 100%). `warm_up_copying` trains the model on
 `<|im_start|>TEXT<|im_end|>TEXT<|im_end|>` with the loss on the second copy only: ~400 steps (~50 s on one core)
 take the echo loss from ~0.8 to ~0.15, and SFT then learns at once (its loss at step 400: 0.01-0.15 after the
-warm-up, 0.36-0.42 without). Measured, not a free lunch: 1,400 SFT steps after it reached >= 98% held-out in 3 of
-4 data orders (88% in the fourth), and 2,000 steps with weight decay 0.3 and no warm-up reached >= 98% in 5 of 5;
-so the offline default (TinyModelConfig.copy_warmup_steps) keeps it off, and it is there for shorter SFT budgets.
+warm-up, 0.36-0.42 without). Held-out arithmetic after 2,000 SFT steps (lr 5e-3, weight decay 0.3), per data
+order: with the warm-up 100% in 3 of 3 orders, among them the one where 2,000 steps without it stalled at 74%
+(5 of 6 orders reached >= 98% without it); 1,400 steps after it were not enough (3 of 4, the fourth 88%). The
+offline default (TinyModelConfig.copy_warmup_steps) is 400.
 
 What it does not do: it never shows the model a chat turn, a tool call or an answer, so the base still scores 0%
 (the flywheel measures it); pass it train-split texts only (the flywheel passes its train tasks' prompts). It
