@@ -730,7 +730,8 @@ class LocalBackend:
         # sandbox mapped to host root would own root's files. Entering stays root (then drops to nobody inside).
         # The switch goes through setpriv (and ENTER_SOURCE drops root's groups itself), not Popen(user=, group=,
         # extra_groups=): those make CPython fork instead of vfork, and forking a flow process that holds torch and a
-        # model (~700 MB) cost ~40 ms per spawn, measured, about 80 s of a 4,000-episode teacher stage.
+        # model (~700 MB) cost ~45 ms per spawn, measured: the flywheel's 4,000-episode teacher stage took 250 s
+        # that way, 107-116 s now.
         self.host_prefix: list[str] = []
         if os.geteuid() == 0:
             setpriv = shutil.which("setpriv")
