@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -175,12 +176,10 @@ def bench_spawn_as_nobody(n: int, ballast_mb: int) -> list[dict]:
     """Spawning a process as the sandbox user from a parent holding `ballast_mb` of memory (a flow process holds
     torch and a model: ~700 MB): Popen(user=, group=, extra_groups=) -- how the local backend did it, which makes
     CPython fork the parent -- next to the `setpriv` prefix it uses now (CPython can vfork). Root only."""
-    import shutil as _shutil
-
     ballast = bytearray(ballast_mb * 1024 * 1024)
     for i in range(0, len(ballast), 4096):
         ballast[i] = 1  # touch every page: page tables are what a fork copies
-    setpriv = _shutil.which("setpriv")
+    setpriv = shutil.which("setpriv")
     ways = {f"spawn as nobody, Popen(user=) ({ballast_mb} MB parent)":
             lambda: subprocess.run(["/bin/true"], user=65534, group=65534, extra_groups=[], start_new_session=True,
                                    check=True),

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
@@ -43,10 +44,15 @@ def suite_tasks(step: SuiteStep, split: str, seed: int) -> list:
     return load_suite(step.suite, n=n, split=split, seed=seed, difficulty=step.difficulty)
 
 
+def schedule_train_tasks(cfg: FlywheelConfig, joins: Callable[[int], bool] = lambda from_round: True) -> list:
+    """The train tasks of the schedule's suites whose first round satisfies `joins` (default: every suite)."""
+    return [t for step in cfg.flywheel.suites if joins(step.from_round)
+            for t in suite_tasks(step, "train", cfg.run.seed)]
+
+
 def joining_tasks(cfg: FlywheelConfig, round: int) -> list:
     """The train tasks of the suites that join the schedule in `round` (the teacher covers them whole)."""
-    return [t for step in cfg.flywheel.suites if step.from_round == round
-            for t in suite_tasks(step, "train", cfg.run.seed)]
+    return schedule_train_tasks(cfg, lambda from_round: from_round == round)
 
 
 def suite_label(step: SuiteStep) -> str:
@@ -155,7 +161,7 @@ def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
     timer = StageTimer()
     metrics: dict[str, Any] = {}
     if cfg.student.base == "tiny":
-        corpus_tasks = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "train", cfg.run.seed)]
+        corpus_tasks = schedule_train_tasks(cfg)
         path = model_dir(root, f"{run_id}-base")
         shutil.rmtree(path, ignore_errors=True)
         t = cfg.student.tiny
@@ -209,8 +215,7 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
 
     timer = StageTimer()
     new = joining_tasks(cfg, round)
-    earlier = [t for step in cfg.flywheel.suites if step.from_round < round
-               for t in suite_tasks(step, "train", cfg.run.seed)]
+    earlier = schedule_train_tasks(cfg, lambda from_round: from_round < round)
     chosen = new
     if earlier:
         # Suites the teacher already covered: only the tasks the student still fails get the teacher again.

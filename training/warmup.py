@@ -50,6 +50,7 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int, lear
     the same losses on the same machine. `steps=0` leaves the folder untouched.
     """
     import torch
+    from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if steps < 0 or batch_size < 1:
@@ -72,12 +73,8 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int, lear
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
     model.train()
     losses: list[float] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=steps, desc="copy warm-up", unit="step")
-    for _ in range(steps):
+    bar = tqdm(range(steps), desc="copy warm-up", unit="step", disable=not progress)
+    for _ in bar:
         batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
         seqs = [[start, *e, end, *e, end] for e in batch]
         labels = [[-100] * (len(e) + 2) + [*e, end] for e in batch]
@@ -89,11 +86,7 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int, lear
         sched.step()
         opt.zero_grad()
         losses.append(loss.item())
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    if bar is not None:
-        bar.close()
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.save_pretrained(str(model_dir))
     return WarmupResult(steps=steps, losses=losses, wall_s=time.perf_counter() - t0)
 
