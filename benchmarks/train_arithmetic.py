@@ -54,10 +54,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--grpo-steps", type=int, default=0, help="0 skips GRPO")
     ap.add_argument("--grpo-difficulty", type=int, default=1)
-    ap.add_argument("--grpo-lr", type=float, default=2e-4)
+    ap.add_argument("--grpo-lr", type=float, default=1e-4)
     ap.add_argument("--grpo-generations", type=int, default=8, help="group size")
     ap.add_argument("--grpo-prompts", type=int, default=4, help="tasks per GRPO step")
     ap.add_argument("--grpo-train-tasks", type=int, default=200)
+    ap.add_argument("--score-grpo-train", action="store_true",
+                    help="also score the GRPO train tasks before and after GRPO (the reward GRPO maximises)")
     ap.add_argument("--grpo-beta", type=float, default=0.0)
     ap.add_argument("--grpo-temperature", type=float, default=1.0, help="sampling temperature of GRPO rollouts")
     ap.add_argument("--grpo-max-completion", type=int, default=128,
@@ -108,14 +110,23 @@ def main() -> None:
                                         difficulty=args.grpo_difficulty)
             if args.grpo_difficulty != args.difficulty:
                 score(f"sft heldout d{args.grpo_difficulty}", sft_path, gheld)
+            if args.score_grpo_train:
+                score("sft grpo-train tasks", sft_path, gtrain)
             gcfg = GRPOConfig(max_steps=args.grpo_steps, num_generations=args.grpo_generations,
                               prompts_per_step=args.grpo_prompts, learning_rate=args.grpo_lr, beta=args.grpo_beta,
                               max_completion_length=args.grpo_max_completion, max_tool_calling_iterations=1,
                               temperature=args.grpo_temperature, seed=args.seed)
             g, w, c = _timed(train_grpo, sft_path, gtrain, work / "grpo", gcfg, backend=backend, progress=False)
+            dg = g.diagnostics
             table.append({"stage": "grpo", "steps": g.steps, "episodes": g.episodes, "verdicts": g.verdicts,
                           "hacks_with_positive_reward": g.hacks_with_positive_reward,
-                          "rewards": [round(x, 3) for x in g.rewards], "wall_s": w, "cpu_s": c})
+                          "rewards": [round(x, 3) for x in g.rewards],
+                          "update_logp_pos_mean": dg.get("update_logp_pos_mean"),
+                          "update_logp_neg_mean": dg.get("update_logp_neg_mean"),
+                          "update_agreement_mean": dg.get("update_agreement_mean"),
+                          "overshooting_steps": sum("overshoots" in x for x in g.warnings), "wall_s": w, "cpu_s": c})
+            if args.score_grpo_train:
+                score("grpo grpo-train tasks", g.checkpoint_path, gtrain)
             score(f"grpo heldout d{args.grpo_difficulty}", g.checkpoint_path, gheld)
     finally:
         backend.shutdown()

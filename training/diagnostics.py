@@ -6,6 +6,12 @@ rewards are all equal (zero advantage: no learning signal), token entropy, KL to
 tool-failure frequencies, and, when rollout logprobs exist (vLLM generation), the rollout-vs-trainer logprob
 difference and importance-sampling weights (the GPT-OSS retrospective's silent collapse). A crossed threshold
 (training.config.DiagnosticsThresholds) logs a warning and is recorded in `warnings` for the report.
+
+`UpdateCheck` (GRPO) measures what each optimiser step did to the policy: the change in log-probability of the
+step's own completions (trained tokens only), for those with a positive advantage and those with a negative one.
+A healthy step raises the first and lowers the second; a step that lowers the rewarded completions overshoots (the
+learning rate is too high for the batch's signal) -- the failure that made GRPO lower the tiny student's reward at
+lr 5e-4 while its loss looked fine. It costs two forward passes of the batch per step (no generation).
 This module does not change training.
 """
 
@@ -65,6 +71,11 @@ class StepDiagnostics(BaseModel):
     importance_weight_min: float | None = None
     importance_weight_max: float | None = None
     mean_token_accuracy: float | None = None
+    update_logp_pos: float | None = Field(default=None, description="Mean change of the log-probability of this "
+                                          "step's positive-advantage completions made by its update (nats).")
+    update_logp_neg: float | None = Field(default=None, description="The same for negative-advantage completions.")
+    update_agreement: float | None = Field(default=None, description="Share of non-zero-advantage completions "
+                                           "whose log-probability moved in the direction of their advantage.")
 
 
 def check_step(d: StepDiagnostics, t: DiagnosticsThresholds) -> list[str]:
@@ -92,14 +103,20 @@ def check_step(d: StepDiagnostics, t: DiagnosticsThresholds) -> list[str]:
                    f"{t.max_logprob_diff}: generation and training disagree (dtype, kernels, stale weights)")
     if d.importance_weight_max is not None and d.importance_weight_max > t.max_importance_weight:
         out.append(f"step {d.step}: importance weight max {d.importance_weight_max:.2f} > {t.max_importance_weight}")
+    if d.update_logp_pos is not None and d.update_logp_pos < -t.max_rewarded_logp_drop:
+        out.append(f"step {d.step}: the update lowered the log-probability of the rewarded completions by "
+                   f"{-d.update_logp_pos:.2f} nats (> {t.max_rewarded_logp_drop}): the step overshoots; lower "
+                   f"learning_rate or raise prompts_per_step")
     return out
 
 
 class DiagnosticsCallback(TrainerCallback):
     """Collects StepDiagnostics from every log event and warns on crossed thresholds."""
 
-    def __init__(self, thresholds: DiagnosticsThresholds | None = None) -> None:
+    def __init__(self, thresholds: DiagnosticsThresholds | None = None,
+                 update_check: UpdateCheck | None = None) -> None:
         self.thresholds = thresholds or DiagnosticsThresholds()
+        self.update_check = update_check
         self.steps: list[StepDiagnostics] = []
         self.warnings: list[str] = []
 
@@ -111,6 +128,8 @@ class DiagnosticsCallback(TrainerCallback):
             v = logs.get(k)
             if isinstance(v, (int, float)):
                 fields[f] = float(v)
+        if self.update_check is not None:
+            fields.update(self.update_check.take())
         d = StepDiagnostics(**fields)
         self.steps.append(d)
         for w in check_step(d, self.thresholds):
@@ -128,3 +147,48 @@ class DiagnosticsCallback(TrainerCallback):
                 out[f"{f}_mean"] = sum(vals) / len(vals)
                 out[f"{f}_last"] = vals[-1]
         return out
+
+
+class UpdateCheck(TrainerCallback):
+    """Log-probability change of each step's completions caused by that step's update (GRPO; see module docstring).
+
+    The trainer calls `before(model, batch)` with every training batch before its forward pass; at the end of the
+    optimiser step (`on_step_end`) the same batches are scored again and `take()` hands the step's means to
+    DiagnosticsCallback. `score(model, batch)` (set by the trainer) returns per-completion log-probabilities summed
+    over trained tokens.
+    """
+
+    def __init__(self, score: Any = None) -> None:
+        self.score = score
+        self._pending: list[tuple[dict[str, Any], Any]] = []
+        self._result: dict[str, float] = {}
+
+    def before(self, model: Any, batch: dict[str, Any]) -> None:
+        self._pending.append((batch, self.score(model, batch)))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        import torch
+
+        if not self._pending or model is None:
+            return
+        deltas, advantages = [], []
+        for batch, before in self._pending:
+            deltas.append(self.score(model, batch) - before)
+            adv = batch["advantages"]
+            advantages.append(adv if adv.dim() == 1 else adv.mean(-1))
+        self._pending.clear()
+        delta, adv = torch.cat(deltas).float(), torch.cat(advantages).float().to(deltas[0].device)
+        pos, neg = adv > 0, adv < 0
+        res: dict[str, float] = {}
+        if pos.any():
+            res["update_logp_pos"] = float(delta[pos].mean())
+        if neg.any():
+            res["update_logp_neg"] = float(delta[neg].mean())
+        moved = pos | neg
+        if moved.any():
+            res["update_agreement"] = float(((delta * adv.sign())[moved] > 0).float().mean())
+        self._result = res
+
+    def take(self) -> dict[str, float]:
+        res, self._result = self._result, {}
+        return res

@@ -5,7 +5,8 @@ initial_messages) and the task as JSON. The trainer samples `num_generations` ep
 calls run in sandboxes through training.environment, results appended, generation resumed, up to
 `max_tool_calling_iterations` calls within `max_completion_length` tokens), scores each with
 training.environment.EpisodeReward (hack -> 0; infrastructure failure -> left out, never 0) and updates the policy.
-Diagnostics (training.diagnostics) are collected every step.
+Diagnostics (training.diagnostics) are collected every step, with the update check (what each step's update did to
+the probability of its own rewarded and unrewarded completions) unless `update_check=False`.
 
 CPU path: plain `generate` (use_vllm=False). GPU path: vLLM colocated or as a server, behind the `gpu` extra;
 asking for it without vLLM installed or without a CUDA device raises TrainingError naming the fix.
@@ -60,6 +61,34 @@ def check_gpu_path(cfg: GRPOConfig) -> None:
         raise TrainingError("vllm_mode='server' needs vllm_server_base_url (the URL of `trl vllm-serve`)")
 
 
+def _trainer_class() -> type:
+    """TRL's GRPOTrainer, plus a hook that shows every training batch to the update check before its update."""
+    from trl import GRPOTrainer
+
+    class FlywheelGRPOTrainer(GRPOTrainer):
+        update_check: Any = None
+
+        def _prepare_inputs(self, generation_batch: Any) -> Any:
+            batch = super()._prepare_inputs(generation_batch)
+            if self.update_check is not None and self.model.training:
+                self.update_check.before(self.model, batch)
+            return batch
+
+        def completion_logps(self, model: Any, batch: dict[str, Any]) -> Any:
+            """Log-probability of each completion, summed over its trained tokens (tool results excluded)."""
+            import torch
+
+            ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+            mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            keep = batch["completion_ids"].size(1)
+            with torch.no_grad():
+                logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, mask, keep)
+            trained = batch["completion_mask"] * batch.get("tool_mask", 1)
+            return (logps * trained).sum(-1).detach()
+
+    return FlywheelGRPOTrainer
+
+
 def task_rows(tasks: list[Task]) -> dict[str, list]:
     """Dataset columns for GRPO: prompt (system + user, as the loop opens), task_json, environment (tool set)."""
     from agents.loop import initial_messages
@@ -86,9 +115,8 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
     from trl import GRPOConfig as TRLGRPOConfig
-    from trl import GRPOTrainer
 
-    from training.diagnostics import DiagnosticsCallback
+    from training.diagnostics import DiagnosticsCallback, UpdateCheck
     from training.environment import EpisodeReward, environment_class
 
     t0 = time.perf_counter()
@@ -111,7 +139,8 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(str(model_path))
     reward_fn = EpisodeReward(backend=backend, rewards=rewards)
-    diag = DiagnosticsCallback(thresholds)
+    check = UpdateCheck() if cfg.update_check else None
+    diag = DiagnosticsCallback(thresholds, update_check=check)
     cuda = torch.cuda.is_available()
     batch = cfg.num_generations * cfg.prompts_per_step
     out = Path(out_dir)
@@ -126,6 +155,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
         args = TRLGRPOConfig(
             output_dir=scratch, max_steps=cfg.max_steps, per_device_train_batch_size=batch,
             gradient_accumulation_steps=1, num_generations=cfg.num_generations, learning_rate=cfg.learning_rate,
+            warmup_steps=cfg.warmup_ratio,  # a float below 1 is a share of max_steps (transformers 5)
             beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon, num_iterations=cfg.num_iterations,
             temperature=cfg.temperature, top_p=cfg.top_p, max_completion_length=cfg.max_completion_length,
             max_tool_calling_iterations=cfg.max_tool_calling_iterations, scale_rewards=cfg.scale_rewards,
@@ -133,8 +163,12 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
             report_to="none", disable_tqdm=not progress, dataloader_num_workers=0, use_cpu=not cuda,
             bf16=bool(cfg.bf16 and cuda), log_completions=False, **vllm_kw,
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=dataset,
-                              processing_class=tokenizer, environment_factory=factory, callbacks=[diag])
+        trainer = _trainer_class()(model=model, reward_funcs=[reward_fn], args=args, train_dataset=dataset,
+                                   processing_class=tokenizer, environment_factory=factory,
+                                   callbacks=[diag] if check is None else [check, diag])
+        if check is not None:
+            check.score = trainer.completion_logps
+            trainer.update_check = check
         t1 = time.perf_counter()
         try:
             trainer.train()

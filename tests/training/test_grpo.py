@@ -1,5 +1,5 @@
 """GRPO on TRL with our sandboxes and verifiers: seeded runs repeat their loss sequence; hacks never score > 0;
-the GPU path fails with a message naming the fix when vLLM is missing."""
+the update check sees an overshooting step; the GPU path fails with a message naming the fix when vLLM is missing."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def test_vllm_without_the_gpu_extra_names_the_fix():
     check_gpu_path(GRPOConfig())  # the CPU path needs nothing
 
 
+def _process_reward_tasks():
+    """Direct answers allowed (no no_tool_use hack), so a barely trained student already earns different rewards."""
+    return [t.model_copy(update={"verifier": t.verifier.model_copy(update={"requires_tool": None})})
+            for t in arithmetic.generate(4, split="train", seed=9)]
+
+
 @pytest.fixture(scope="module")
 def warm_student(tiny_model, ref_rows, tmp_path_factory):
     """The tiny model after a few SFT steps: it starts to write tool calls, so rollouts differ in reward."""
@@ -43,9 +49,7 @@ def warm_student(tiny_model, ref_rows, tmp_path_factory):
 
 @pytest.mark.slow
 def test_seeded_grpo_repeats_its_loss_sequence(warm_student, backend, tmp_path):
-    # direct answers allowed (no no_tool_use hack), so a barely trained student already earns different rewards
-    tasks = [t.model_copy(update={"verifier": t.verifier.model_copy(update={"requires_tool": None})})
-             for t in arithmetic.generate(4, split="train", seed=9)]
+    tasks = _process_reward_tasks()
     cfg = GRPOConfig(max_steps=2, num_generations=4, prompts_per_step=2, max_completion_length=40,
                      max_tool_calling_iterations=1, learning_rate=1e-3, beta=0.04, seed=5)
     # process terms give rollouts different rewards even before the student can solve anything
@@ -64,3 +68,27 @@ def test_seeded_grpo_repeats_its_loss_sequence(warm_student, backend, tmp_path):
     assert a.episodes == 2 * 2 * 4 and a.hacks_with_positive_reward == 0
     assert a.steps_diagnostics and a.steps_diagnostics[0]["reward_std"] is not None
     assert (tmp_path / "a" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_update_check_tells_a_sound_step_from_an_overshooting_one(warm_student, backend, tmp_path):
+    rewards = RewardConfig(outcome_weight=1.0, well_formed_weight=0.5, answer_format_weight=0.5)
+    base = {"max_steps": 1, "num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40,
+            "max_tool_calling_iterations": 1, "warmup_ratio": 0.0, "seed": 5}
+    runs = {}
+    for name, lr in (("sound", 1e-4), ("overshoot", 0.3)):
+        runs[name] = train_grpo(warm_student, _process_reward_tasks(), tmp_path / name,
+                                GRPOConfig(learning_rate=lr, **base), backend=backend, rewards=rewards, progress=False)
+        print(name, lr, {k: runs[name].steps_diagnostics[0][k] for k in
+                         ("update_logp_pos", "update_logp_neg", "update_agreement")})
+    sound, over = (runs[k].steps_diagnostics[0] for k in ("sound", "overshoot"))
+    # the same rollouts (same seed, same weights until the update): only the step size differs
+    assert sound["reward"] == over["reward"]
+    assert sound["update_logp_pos"] > 0 > sound["update_logp_neg"] and sound["update_agreement"] > 0.5
+    assert not any("overshoots" in w for w in runs["sound"].warnings)
+    assert over["update_logp_pos"] < -0.5
+    assert any("overshoots" in w for w in runs["overshoot"].warnings)
+    off = train_grpo(warm_student, _process_reward_tasks(), tmp_path / "off",
+                     GRPOConfig(learning_rate=1e-4, update_check=False, **base), backend=backend, rewards=rewards,
+                     progress=False)
+    assert off.steps_diagnostics[0]["update_logp_pos"] is None
