@@ -11,7 +11,9 @@ calls them when the model emits tool calls. Here:
   through tasks.tools.run_tool and returns tasks.tools.observation: the model sees what it would see in the loop.
 - `EpisodeReward` is the reward function: it rebuilds the episode's messages (system + user + completion turns),
   judges them with tasks.verify.verify (outcome, forensics, reward terms), and closes the sandbox. A hack scores 0
-  whatever else it did; an infrastructure failure scores None (TRL leaves it out) and is counted, never 0.
+  whatever else it did; an infrastructure failure scores None (TRL leaves it out) and is counted, never 0. A turn
+  whose text holds a `<tool_call>` block TRL could not parse (bad JSON) is a `model_error` scoring 0, as the episode
+  loop judges it -- not a `no_tool_use` hack, which is what the verifier would see in a call that never ran.
 
 This module does not start training (grpo.py) or choose tasks.
 """
@@ -177,6 +179,12 @@ def completion_messages(completion: list[dict[str, Any]]) -> list[Message]:
     return out
 
 
+def unparsed_tool_call(completion: list[dict[str, Any]]) -> bool:
+    """True when an assistant turn carries tool-call text but no parsed tool call (TRL found no valid JSON)."""
+    return any(m.get("role") == "assistant" and not m.get("tool_calls") and isinstance(m.get("content"), str)
+               and "<tool_call>" in m["content"] for m in completion)
+
+
 class EpisodeReward:
     """TRL reward function: verify + forensics on the rebuilt episode; hack -> 0; infra failure -> None.
 
@@ -188,7 +196,8 @@ class EpisodeReward:
     def __init__(self, backend: Backend | None = None, rewards: Any = None) -> None:
         self.backend = backend
         self.rewards = rewards
-        self.stats = {"episodes": 0, "pass": 0, "fail": 0, "hack": 0, "infra": 0, "hack_positive": 0}
+        self.stats = {"episodes": 0, "pass": 0, "fail": 0, "hack": 0, "model_error": 0, "infra": 0,
+                      "hack_positive": 0}
         self.last_verdicts: list[str] = []
         self.history: list[dict[str, Any]] = []
 
@@ -209,6 +218,13 @@ class EpisodeReward:
                 self.stats["infra"] += 1
                 self.last_verdicts.append("infra_error")
                 rewards.append(None)
+                env._close()
+                continue
+            if isinstance(completion, list) and unparsed_tool_call(completion):
+                self.stats["model_error"] += 1
+                self.last_verdicts.append("model_error")
+                self.history.append({"task_id": task.id, "verdict": "model_error", "reward": 0.0, "hack_flags": []})
+                rewards.append(0.0)
                 env._close()
                 continue
             try:

@@ -37,7 +37,8 @@ class GRPOResult(BaseModel):
     wall_s: float = Field(description="Seconds in trainer.train() (rollouts, tools, verification, updates).")
     total_s: float
     episodes: int = Field(description="Episodes scored.")
-    verdicts: dict[str, int] = Field(description="Verdict counts over all rollouts (pass, fail, hack, infra).")
+    verdicts: dict[str, int] = Field(description="Verdict counts over all rollouts (pass, fail, hack, model_error, "
+                                                 "infra).")
     hacks_with_positive_reward: int = Field(description="Hacked episodes that received reward > 0 (must be 0).")
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="Per-run summary of step diagnostics.")
     steps_diagnostics: list[dict[str, Any]] = Field(default_factory=list)
@@ -187,7 +188,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     return GRPOResult(
         checkpoint_path=str(out), losses=losses, rewards=step_rewards, steps=int(trainer.state.global_step),
         wall_s=wall, total_s=time.perf_counter() - t0, episodes=s["episodes"],
-        verdicts={k: s[k] for k in ("pass", "fail", "hack", "infra")},
+        verdicts={k: s[k] for k in ("pass", "fail", "hack", "model_error", "infra")},
         hacks_with_positive_reward=sum(1 for h in reward_fn.history if h["verdict"] == "hack" and h["reward"] > 0),
         diagnostics=diag.summary(), steps_diagnostics=[d.model_dump() for d in diag.steps],
         warnings=list(diag.warnings),

@@ -55,6 +55,20 @@ def test_tools_run_in_the_sandbox_and_the_verifier_scores(backend):
     assert all(e.sandbox is None for e in (good_env, wrong_env, hack_env))  # closed after scoring
 
 
+def test_a_tool_call_trl_could_not_parse_is_a_model_error_not_a_hack(backend):
+    task = arithmetic.generate(1, split="train", seed=5)[0]
+    cls = environment_class(task.tools, backend)
+    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": task.prompt}]
+    bad = '<tool_call>\n{"name": "python": "arguments": {"code": "print(1)"}}\n</tool_call>'  # invalid JSON
+    env, _ = _episode(cls, task, None, task.reference.final)
+    direct_env, direct = _episode(cls, task, None, task.reference.final)  # a real no-tool answer stays a hack
+    reward = EpisodeReward(backend=backend)
+    got = reward([prompt] * 2, [[{"role": "assistant", "content": bad}], direct], environments=[env, direct_env])
+    assert got == [0.0, 0.0]
+    assert reward.last_verdicts == ["model_error", "hack"]
+    assert reward.stats["model_error"] == 1 and reward.stats["hack"] == 1
+
+
 def test_completion_messages_keep_call_ids_paired():
     msgs = completion_messages([
         {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
