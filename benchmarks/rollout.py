@@ -13,7 +13,11 @@ efficiency = achieved episodes/s / ideal. The same is measured for model-only ep
 directly, no tool call, so no sandbox is ever acquired: the loop acquires lazily) to separate the runner's own
 scaling (asyncio, HTTP client, loop) from the sandbox backend's. Also measured: the backend's own ceiling (sandboxes acquired, used for one
 python call and closed per second at concurrency 8), which bounds every rollout that needs a fresh sandbox per
-episode. Prints a table, writes JSON (--out). Usage: python benchmarks/rollout.py [--quick] [--backend local].
+episode. Where the CPU goes: for every level, the whole machine's CPU time (/proc/stat) per episode, split into this
+process (client, loop, host side of the sandbox calls), the endpoint's process, and the rest (sandbox processes,
+the container engine, anything else running), next to the budget: the CPU per episode the machine can spend when
+the level runs at 90% efficiency (cpus / (0.9 x ideal episodes/s)). Prints tables, writes JSON (--out).
+Usage: python benchmarks/rollout.py [--quick] [--backend local].
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ class EndpointProcess:
             raise RuntimeError(f"fault server did not start: {line}")
         self.base_url = line[1]
 
+    def cpu_s(self) -> float:
+        """CPU seconds the endpoint's process (all its threads) has used so far."""
+        return proc_cpu_s(self.proc.pid)
+
     def count(self, model: str) -> int:
         with urllib.request.urlopen(self.base_url + "/stats", timeout=10) as r:
             return json.load(r)["by_model"].get(model, 0)
@@ -70,6 +78,20 @@ class EndpointProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         os.unlink(self.spec_file.name)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds all cores of this machine have spent busy (not idle or waiting for I/O) since boot."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def open_bench_backend(kind: str, pool: int, max_sandboxes: int):
@@ -169,16 +191,23 @@ def main() -> None:
                 warm = wait_warm(backend, pool, 300)
                 warm_s = time.perf_counter() - t_warm
                 before = srv.count(model)
-                cpu0 = time.process_time()
+                cpu0, srv0, all0 = time.process_time(), srv.cpu_s(), machine_cpu_s()
                 s = asyncio.run(rollout(tasks[:n] if n <= len(tasks) else tasks, policy, backend,
                                         run_id=f"bench-c{c}", samples=max(1, -(-n // len(tasks))),
                                         concurrency=c, progress=False, max_turns=args.turns + 1))
             finally:
                 backend.shutdown()
             ideal = c / t1
+            per_ep = 1000 / max(1, s.episodes)
+            client_ms = (time.process_time() - cpu0) * per_ep
+            endpoint_ms = (srv.cpu_s() - srv0) * per_ep
+            machine_ms = (machine_cpu_s() - all0) * per_ep
             lvl = {"concurrency": c, "episodes": s.episodes, "wall_s": s.wall_s, "episodes_per_s": s.episodes_per_s,
                    "ideal_per_s": ideal, "efficiency": s.episodes_per_s / ideal, "verdicts": s.verdicts,
-                   "client_cpu_ms_per_episode": (time.process_time() - cpu0) * 1000 / max(1, s.episodes),
+                   "client_cpu_ms_per_episode": client_ms, "endpoint_cpu_ms_per_episode": endpoint_ms,
+                   "machine_cpu_ms_per_episode": machine_ms,
+                   "rest_cpu_ms_per_episode": machine_ms - client_ms - endpoint_ms,
+                   "budget_cpu_ms_per_episode_at_90pct": (os.cpu_count() or 1) * 1000 / (0.9 * ideal),
                    "warm_pool": warm, "warm_pool_fill_s": warm_s, "requests": srv.count(model) - before,
                    "mean_latency_ms": s.by_policy["latency"].mean_latency_ms if "latency" in s.by_policy else None}
             result["levels"].append(lvl)
@@ -191,13 +220,15 @@ def main() -> None:
             result["model_only"] = {"sequential_mean_episode_s": t1m, "levels": []}
             for c in levels:
                 n = max(16, 4 * c)
-                cpu0 = time.process_time()
+                cpu0, srv0, all0 = time.process_time(), srv.cpu_s(), machine_cpu_s()
                 s = asyncio.run(rollout(direct, p1, backend, run_id=f"bench-m-c{c}", samples=-(-n // len(direct)),
                                         concurrency=c, progress=False, max_turns=2))
                 result["model_only"]["levels"].append({
                     "concurrency": c, "episodes": s.episodes, "wall_s": s.wall_s, "episodes_per_s": s.episodes_per_s,
                     "ideal_per_s": c / t1m, "efficiency": s.episodes_per_s / (c / t1m), "verdicts": s.verdicts,
-                    "client_cpu_ms_per_episode": (time.process_time() - cpu0) * 1000 / max(1, s.episodes)})
+                    "client_cpu_ms_per_episode": (time.process_time() - cpu0) * 1000 / max(1, s.episodes),
+                    "endpoint_cpu_ms_per_episode": (srv.cpu_s() - srv0) * 1000 / max(1, s.episodes),
+                    "machine_cpu_ms_per_episode": (machine_cpu_s() - all0) * 1000 / max(1, s.episodes)})
         finally:
             backend.shutdown()
     finally:
@@ -218,6 +249,13 @@ def main() -> None:
               f"{lv['episodes_per_s']:>9.2f}{lv['ideal_per_s']:>9.2f}{lv['efficiency']:>9.0%}"
               f"{(lv['mean_latency_ms'] or 0):>9.0f}"
               f"{lv['client_cpu_ms_per_episode']:>8.1f}  {lv['verdicts']}")
+    print(f"\nwhere the CPU goes (ms of CPU per episode; budget = what {result['cpus']} cpus can spend per episode "
+          "at 90% efficiency)")
+    print(f"{'run':<16}{'machine':>9}{'client':>9}{'endpoint':>9}{'rest':>9}{'budget':>9}  rest = sandboxes, engine, other")
+    for lv in result["levels"]:
+        print(f"{'rollout c=' + str(lv['concurrency']):<16}{lv['machine_cpu_ms_per_episode']:>9.1f}"
+              f"{lv['client_cpu_ms_per_episode']:>9.1f}{lv['endpoint_cpu_ms_per_episode']:>9.1f}"
+              f"{lv['rest_cpu_ms_per_episode']:>9.1f}{lv['budget_cpu_ms_per_episode_at_90pct']:>9.1f}")
     mo = result["model_only"]
     print("ep ms = mean episode latency; cpu ms = this process's CPU time per episode (client, loop, sandbox calls)")
     print(f"model-only episodes (1 turn, no sandbox): sequential {mo['sequential_mean_episode_s'] * 1000:.0f} ms/episode")
