@@ -78,8 +78,8 @@ class StepDiagnostics(BaseModel):
                                            "whose log-probability moved in the direction of their advantage.")
 
 
-def check_step(d: StepDiagnostics, t: DiagnosticsThresholds) -> list[str]:
-    """Threshold warnings for one step (empty when healthy)."""
+def check_step(d: StepDiagnostics, t: DiagnosticsThresholds, first_entropy: float | None = None) -> list[str]:
+    """Threshold warnings for one step (empty when healthy); `first_entropy` is the run's first logged entropy."""
     out: list[str] = []
 
     def bad(v: float | None) -> bool:
@@ -92,8 +92,11 @@ def check_step(d: StepDiagnostics, t: DiagnosticsThresholds) -> list[str]:
         out.append(f"step {d.step}: {d.zero_advantage_share:.0%} of groups have zero advantage "
                    f"(> {t.max_zero_advantage_share:.0%}): little learning signal; raise num_generations or "
                    f"temperature, or pick tasks the student sometimes solves")
-    if d.entropy is not None and d.entropy < t.min_entropy:
-        out.append(f"step {d.step}: token entropy {d.entropy:.3f} < {t.min_entropy}: the policy is collapsing")
+    if d.entropy is not None and d.entropy < t.min_entropy and (
+            first_entropy is None or d.entropy < t.entropy_drop_ratio * first_entropy):
+        out.append(f"step {d.step}: token entropy {d.entropy:.3f} < {t.min_entropy}"
+                   + (f" (first step {first_entropy:.3f})" if first_entropy is not None else "")
+                   + ": the policy is collapsing")
     if d.kl is not None and d.kl > t.max_kl:
         out.append(f"step {d.step}: KL {d.kl:.3f} > {t.max_kl}: drifting from the reference; raise beta")
     if d.grad_norm is not None and d.grad_norm > t.max_grad_norm:
@@ -132,7 +135,8 @@ class DiagnosticsCallback(TrainerCallback):
             fields.update(self.update_check.take())
         d = StepDiagnostics(**fields)
         self.steps.append(d)
-        for w in check_step(d, self.thresholds):
+        first_entropy = next((x.entropy for x in self.steps if x.entropy is not None), None)
+        for w in check_step(d, self.thresholds, first_entropy):
             self.warnings.append(w)
             log.warning(w)
 

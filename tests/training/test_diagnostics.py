@@ -30,6 +30,17 @@ def test_each_threshold_warns():
         assert len(w) == 1 and needle in w[0], (needle, w)
 
 
+def test_entropy_warns_on_a_fall_not_on_a_student_that_starts_sharp():
+    cb = DiagnosticsCallback()
+    for step, entropy in enumerate([0.03, 0.025, 0.02, 0.012], start=1):  # sharp after SFT, then halves
+        cb.on_log(None, SimpleNamespace(global_step=step), None, logs={"loss": 0.0, "entropy": entropy})
+    assert len(cb.warnings) == 1 and "step 4" in cb.warnings[0] and "collapsing" in cb.warnings[0]
+    cb = DiagnosticsCallback()
+    for step, entropy in enumerate([0.9, 0.5, 0.04], start=1):  # a real collapse from a broad start
+        cb.on_log(None, SimpleNamespace(global_step=step), None, logs={"loss": 0.0, "entropy": entropy})
+    assert [w.split(":")[0] for w in cb.warnings] == ["step 3"]
+
+
 def test_callback_reads_trl_keys():
     cb = DiagnosticsCallback()
     state = SimpleNamespace(global_step=3)
