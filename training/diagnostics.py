@@ -122,6 +122,7 @@ class DiagnosticsCallback(TrainerCallback):
         self.update_check = update_check
         self.steps: list[StepDiagnostics] = []
         self.warnings: list[str] = []
+        self._first_entropy: float | None = None
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs or not any(k in logs for k in ("loss", "reward")):
@@ -135,8 +136,9 @@ class DiagnosticsCallback(TrainerCallback):
             fields.update(self.update_check.take())
         d = StepDiagnostics(**fields)
         self.steps.append(d)
-        first_entropy = next((x.entropy for x in self.steps if x.entropy is not None), None)
-        for w in check_step(d, self.thresholds, first_entropy):
+        if self._first_entropy is None:
+            self._first_entropy = d.entropy
+        for w in check_step(d, self.thresholds, self._first_entropy):
             self.warnings.append(w)
             log.warning(w)
 
