@@ -43,7 +43,8 @@ def reference_rows(tasks, backend, run_id="test-ref"):
     rows = []
     asyncio.run(rollout(tasks, ReferencePolicy(), backend, run_id=run_id, concurrency=4, on_rows=rows.extend,
                         batch_size=len(tasks), progress=False))
-    return rows
+    order = {t.id: i for i, t in enumerate(tasks)}
+    return sorted(rows, key=lambda r: order[r.task_id])  # episodes finish in thread-timing order; SFT data must not
 
 
 @pytest.fixture(scope="session")
