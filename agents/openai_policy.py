@@ -3,7 +3,9 @@
 `OpenAIPolicy.reply` sends the conversation and the task's tool schemas to `/chat/completions` with the `openai`
 AsyncOpenAI client and turns the first choice into a `PolicyReply`:
 - bounded concurrency per policy (an asyncio.Semaphore held only while a request is in flight, not while backing
-  off), a per-request timeout;
+  off), a per-request timeout; requests go round-robin over ceil(concurrency / CONNECTIONS_PER_POOL) clients (at
+  most MAX_POOLS), each with its own connection pool, since the HTTP stack checks every idle connection of a pool
+  (a syscall each) on every request: one pool of 64 connections cost more client CPU than the rest of a request;
 - retries done here, not by the client (its max_retries is 0): 408/409/429/5xx, timeouts and dropped connections
   are retried up to `max_retries` times with jittered exponential backoff, honouring Retry-After / retry-after-ms
   (capped at `retry_after_max_s`); then `EndpointError` (-> infra_error row, retried by the rollout runner);
@@ -30,6 +32,7 @@ import asyncio
 import contextlib
 import email.utils
 import json
+import math
 import random
 import re
 import time
@@ -43,6 +46,8 @@ from tasks.spec import Task
 from warehouse.record import FunctionCall, Message, Source, ToolCall
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+CONNECTIONS_PER_POOL = 8  # requests in flight per HTTP client (see the module docstring)
+MAX_POOLS = 16
 _CONTEXT_RE = re.compile(
     r"context[ _]length|maximum context|context window|context_length_exceeded|maximum model length|"
     r"prompt is too long|too many tokens|max_model_len|exceeds the model", re.IGNORECASE)
@@ -244,15 +249,20 @@ class OpenAIPolicy:
         return {k: v for k, v in d.items() if v is not None}
 
     def _ensure(self) -> tuple[Any, asyncio.Semaphore]:
-        """Client and semaphore of the running loop (each event loop gets its own: asyncio objects are loop-bound)."""
+        """A client (round-robin over this loop's pools) and the loop's semaphore (each event loop gets its own:
+        asyncio objects are loop-bound)."""
         loop = asyncio.get_running_loop()
         state = self._per_loop.get(loop)
         if state is None:
-            from openai import AsyncOpenAI
+            from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-            client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=0)
-            state = self._per_loop[loop] = [client, asyncio.Semaphore(self.concurrency), 0]
-        return state[0], state[1]
+            pools = max(1, min(MAX_POOLS, math.ceil(self.concurrency / CONNECTIONS_PER_POOL)))
+            ctx = _ssl_context()  # one for all pools: building it is most of a client's set-up cost
+            clients = [AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=0,
+                                   http_client=DefaultAsyncHttpxClient(verify=ctx)) for _ in range(pools)]
+            state = self._per_loop[loop] = [clients, asyncio.Semaphore(self.concurrency), 0, 0]
+        state[3] = (state[3] + 1) % len(state[0])
+        return state[0][state[3]], state[1]
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[OpenAIPolicy]:
@@ -267,13 +277,15 @@ class OpenAIPolicy:
             state[2] -= 1
             if state[2] == 0:
                 self._per_loop.pop(asyncio.get_running_loop(), None)
-                await state[0].close()
+                for client in state[0]:
+                    await client.close()
 
     async def aclose(self) -> None:
         """Close the running loop's client (sessions do this for you)."""
         state = self._per_loop.pop(asyncio.get_running_loop(), None)
         if state is not None:
-            await state[0].close()
+            for client in state[0]:
+                await client.close()
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -281,6 +293,7 @@ class OpenAIPolicy:
         return min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt) * random.uniform(0.5, 1.0)
 
     def _request(self, messages: list[Message], tools: list[dict[str, Any]], sample_index: int) -> dict[str, Any]:
+        """The JSON body of one chat-completions request (extra_body merged in, as the SDK merges it)."""
         kw: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages)}
         if tools:
             kw["tools"] = tools
@@ -295,22 +308,27 @@ class OpenAIPolicy:
         if self.logprobs:
             kw["logprobs"] = True
         if self.extra_body:
-            kw["extra_body"] = self.extra_body
+            kw.update(self.extra_body)
         return kw
 
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
                     sample_index: int) -> PolicyReply:
         import openai
+        from openai.types.chat import ChatCompletion
 
         client, sem = self._ensure()
-        kw = self._request(messages, tools, sample_index)
+        request = self._request(messages, tools, sample_index)
         last = ""
         for attempt in range(self.max_retries + 1):
             retry_after: float | None = None
             try:
                 async with sem:
                     self.requests_sent += 1
-                    resp = await client.chat.completions.create(**kw, timeout=self.timeout_s)
+                    # The client's own POST, not chat.completions.create: create() first runs the body through the
+                    # SDK's typed-dict transform, which cost more CPU than the rest of the request (the body here is
+                    # plain JSON already). Same HTTP request, response parsing, errors and exceptions.
+                    resp = await client.post("/chat/completions", cast_to=ChatCompletion, body=request,
+                                             options={"timeout": self.timeout_s})
                 return self._to_reply(resp)
             except openai.APIStatusError as e:
                 status = e.status_code
@@ -366,6 +384,15 @@ def _error_text(e: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- preflight
+
+
+def _ssl_context() -> Any:
+    """The SSL context the SDK's HTTP client builds by default (system trust store, SSL_CERT_FILE honoured)."""
+    try:
+        from httpx2 import create_ssl_context  # openai >= 3 ships its own fork of httpx
+    except ImportError:
+        from httpx import create_ssl_context
+    return create_ssl_context()
 
 
 def check_endpoint(base_url: str, model: str | None = None, timeout: float = 5.0, api_key: str | None = None) -> list[str]:

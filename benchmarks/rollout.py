@@ -1,14 +1,16 @@
 """Benchmark: rollout throughput (episodes/s) against a latency-simulating OpenAI-compatible endpoint.
 
 The endpoint is the fault-injecting test double of tests/agents/fault_server.py (a real HTTP server on 127.0.0.1)
-run with behaviour `latency:SECONDS:TURNS` only: every request sleeps SECONDS (default 0.2), and an episode takes
-TURNS assistant turns (default 3: two python tool calls that really run in sandboxes, then the answer). Episodes
-run through the real loop, the real OpenAI policy and real sandboxes (Docker with a warm pool by default).
+run with behaviour `latency:SECONDS:TURNS[:JITTER]` only: every request sleeps SECONDS (default 0.2; with --jitter
+varied around that mean), and an episode takes TURNS assistant turns (default 3: two python tool calls that really
+run in sandboxes, then the answer). Episodes run through the real loop, the real OpenAI policy and real sandboxes
+(Docker with a warm pool by default; `--backend local`, with `--reuse` sandboxes reset and reused between episodes).
 
 In the same process, side by side:
 - `sequential`: a plain `for` loop awaiting `run_episode` one after another (the baseline); its mean episode time
   T1 defines the ideal throughput at concurrency c as c / T1;
-- `rollout c=1, 8, 32, 64`: `agents.rollout.rollout` at that concurrency, 2c episodes (at least 8).
+- `rollout c=1, 8, 32, 64`: `agents.rollout.rollout` at that concurrency, waves x c episodes (at least 8; 8 waves
+  by default: the first wave starts in lockstep, later ones measure the steady state).
 efficiency = achieved episodes/s / ideal. The same is measured for model-only episodes (one 200 ms turn answered
 directly, no tool call, so no sandbox is ever acquired: the loop acquires lazily) to separate the runner's own
 scaling (asyncio, HTTP client, loop) from the sandbox backend's. Also measured: the backend's own ceiling (sandboxes acquired, used for one
@@ -17,7 +19,7 @@ episode. Where the CPU goes: for every level, the whole machine's CPU time (/pro
 process (client, loop, host side of the sandbox calls), the endpoint's process, and the rest (sandbox processes,
 the container engine, anything else running), next to the budget: the CPU per episode the machine can spend when
 the level runs at 90% efficiency (cpus / (0.9 x ideal episodes/s)). Prints tables, writes JSON (--out).
-Usage: python benchmarks/rollout.py [--quick] [--backend local].
+Usage: python benchmarks/rollout.py [--quick] [--backend local [--reuse]] [--jitter 0.25] [--waves N].
 """
 
 from __future__ import annotations
@@ -94,14 +96,23 @@ def machine_cpu_s() -> float:
     return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def open_bench_backend(kind: str, pool: int, max_sandboxes: int):
+def open_bench_backend(kind: str, pool: int, max_sandboxes: int, reuse: bool = False):
     if kind == "docker":
         from sandbox.docker import DockerBackend
 
         return DockerBackend(SandboxConfig(backend="docker"), pool_size=pool, max_sandboxes=max_sandboxes)
     from sandbox.backend import open_backend
 
-    return open_backend(SandboxConfig(backend=kind))
+    backend = open_backend(SandboxConfig(backend=kind, reuse=reuse))
+    if reuse:  # warm: `pool` sandboxes used once and reset, as the Docker backend's warm pool holds fresh ones
+        boxes = [backend.acquire() for _ in range(pool)]
+        for sb in boxes:
+            sb.run_python("0")
+            sb.close()
+        end = time.monotonic() + 60
+        while backend.ready() < pool and time.monotonic() < end:
+            time.sleep(0.05)
+    return backend
 
 
 def wait_warm(backend, want: int, timeout_s: float) -> int:
@@ -146,24 +157,39 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="/tmp/flywheel-bench-rollout.json")
     ap.add_argument("--backend", default="docker", choices=["docker", "local"])
-    ap.add_argument("--latency", type=float, default=0.2, help="seconds per model turn")
+    ap.add_argument("--latency", type=float, default=0.2, help="seconds per model turn (the mean, with --jitter)")
+    ap.add_argument("--jitter", type=float, default=0.0,
+                    help="vary each turn's latency by up to this fraction (uniform, mean unchanged, fixed per "
+                         "conversation and turn). 0: every turn takes exactly --latency, so concurrent episodes "
+                         "move in lockstep and their replies reach the client at the same moment (the worst case)")
     ap.add_argument("--turns", type=int, default=3, help="assistant turns per episode")
     ap.add_argument("--levels", default="1,8,32,64", help="concurrency levels")
     ap.add_argument("--pool-max", type=int, default=64, help="largest warm pool (Docker)")
     ap.add_argument("--seq", type=int, default=6, help="episodes of the sequential baseline")
     ap.add_argument("--quick", action="store_true", help="levels 1,8 only")
+    ap.add_argument("--waves", type=int, default=8,
+                    help="episodes per level = waves x concurrency (at least 8). With a fixed model latency the first "
+                         "wave's episodes run in lockstep (their replies arrive together and queue for the client); "
+                         "later waves spread out, so more waves measure the steady state")
+    ap.add_argument("--reuse", action="store_true",
+                    help="local backend: reuse sandboxes across episodes after a verified reset (SandboxConfig.reuse)")
     args = ap.parse_args()
+    if args.reuse and args.backend != "local":
+        ap.error("--reuse needs --backend local (only the local backend resets and reuses sandboxes)")
     levels = [1, 8] if args.quick else [int(x) for x in args.levels.split(",")]
 
     tasks = arithmetic.generate(64, split="train", seed=11)
     solutions = {t.prompt: t.reference.steps[0].arguments["code"] for t in tasks}
-    model = f"latency:{args.latency}:{args.turns}"
-    m1 = f"latency:{args.latency}:1"
+    jitter = f":{args.jitter}" if args.jitter else ""
+    model = f"latency:{args.latency}:{args.turns}{jitter}"
+    m1 = f"latency:{args.latency}:1{jitter}"
     # model-only episodes: one turn answered directly (no tool call, so no sandbox is acquired)
     direct = [t.model_copy(update={"prompt": t.prompt + " (answer directly)",
                                    "verifier": t.verifier.model_copy(update={"requires_tool": None})})
               for t in tasks]
-    result: dict = {"benchmark": "rollout", "backend": args.backend, "latency_s": args.latency, "turns": args.turns,
+    result: dict = {"benchmark": "rollout", "backend": args.backend, "reuse": args.reuse, "latency_s": args.latency,
+                    "jitter": args.jitter, "waves": args.waves,
+                    "turns": args.turns,
                     "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "python": platform.python_version(),
                     "endpoint": "tests/agents/fault_server.py in its own process", "levels": []}
     srv = EndpointProcess({"solutions": solutions, "direct": {t.prompt: str(t.verifier.answer) for t in direct},
@@ -171,7 +197,8 @@ def main() -> None:
     try:
         policy = OpenAIPolicy(base_url=srv.base_url, model=model, name="latency", concurrency=256, max_retries=2,
                               timeout_s=30.0, temperature=0.0)
-        backend = open_bench_backend(args.backend, pool=min(8, args.pool_max), max_sandboxes=max(levels) + 8)
+        backend = open_bench_backend(args.backend, pool=min(8, args.pool_max), max_sandboxes=max(levels) + 8,
+                                     reuse=args.reuse)
         try:
             wait_warm(backend, min(8, args.pool_max), 60)
             result["sandbox_ceiling_per_s"] = sandbox_ceiling(backend, 16)
@@ -183,18 +210,20 @@ def main() -> None:
         result["sequential"] = {"episodes": len(seq), "mean_episode_s": t1, "episodes_per_s": 1 / t1,
                                 "model_time_s": args.latency * args.turns}
         for c in levels:
-            n = max(8, 2 * c)
+            n = max(8, args.waves * c)
             pool = min(c, args.pool_max)
-            backend = open_bench_backend(args.backend, pool=pool, max_sandboxes=max(levels) + 8)
+            backend = open_bench_backend(args.backend, pool=pool, max_sandboxes=max(levels) + 8, reuse=args.reuse)
             try:
                 t_warm = time.perf_counter()
                 warm = wait_warm(backend, pool, 300)
                 warm_s = time.perf_counter() - t_warm
                 before = srv.count(model)
                 cpu0, srv0, all0 = time.process_time(), srv.cpu_s(), machine_cpu_s()
+                reused0 = getattr(backend, "stats", {}).get("reused", 0)
                 s = asyncio.run(rollout(tasks[:n] if n <= len(tasks) else tasks, policy, backend,
                                         run_id=f"bench-c{c}", samples=max(1, -(-n // len(tasks))),
                                         concurrency=c, progress=False, max_turns=args.turns + 1))
+                reused = getattr(backend, "stats", {}).get("reused", 0) - reused0
             finally:
                 backend.shutdown()
             ideal = c / t1
@@ -208,7 +237,7 @@ def main() -> None:
                    "machine_cpu_ms_per_episode": machine_ms,
                    "rest_cpu_ms_per_episode": machine_ms - client_ms - endpoint_ms,
                    "budget_cpu_ms_per_episode_at_90pct": (os.cpu_count() or 1) * 1000 / (0.9 * ideal),
-                   "warm_pool": warm, "warm_pool_fill_s": warm_s, "requests": srv.count(model) - before,
+                   "warm_pool": warm, "warm_pool_fill_s": warm_s, "episodes_on_reused_sandbox": reused, "requests": srv.count(model) - before,
                    "mean_latency_ms": s.by_policy["latency"].mean_latency_ms if "latency" in s.by_policy else None}
             result["levels"].append(lvl)
         p1 = OpenAIPolicy(base_url=srv.base_url, model=m1, name="model-only", concurrency=256, max_retries=2,
@@ -219,7 +248,7 @@ def main() -> None:
             t1m = sum(seq1) / len(seq1)
             result["model_only"] = {"sequential_mean_episode_s": t1m, "levels": []}
             for c in levels:
-                n = max(16, 4 * c)
+                n = max(16, 2 * args.waves * c)  # one-turn episodes: twice the waves for a similar duration
                 cpu0, srv0, all0 = time.process_time(), srv.cpu_s(), machine_cpu_s()
                 s = asyncio.run(rollout(direct, p1, backend, run_id=f"bench-m-c{c}", samples=-(-n // len(direct)),
                                         concurrency=c, progress=False, max_turns=2))
@@ -235,8 +264,10 @@ def main() -> None:
         srv.close()
     result["loadavg_end"] = os.getloadavg()
 
-    print(f"\nrollout benchmark: {args.backend} sandboxes, {args.turns} turns x {args.latency * 1000:.0f} ms model "
-          f"latency, {result['cpus']} cpus, load {result['loadavg_start'][0]:.1f}")
+    print(f"\nrollout benchmark: {args.backend} sandboxes{' (reused after a reset)' if args.reuse else ''}, "
+          f"{args.turns} turns x {args.latency * 1000:.0f} ms model latency"
+          f"{f' (+-{args.jitter:.0%})' if args.jitter else ' (fixed: lockstep)'}, {args.waves} waves, "
+          f"{result['cpus']} cpus, load {result['loadavg_start'][0]:.1f}")
     print(f"sandbox churn: {result['sandbox_ceiling_per_s']:.2f} sandboxes/s (acquire + 1 call + close, 8 threads, "
           "warm pool of 8)")
     print(f"{'run':<16}{'episodes':>9}{'wall s':>9}{'ep/s':>9}{'ideal':>9}{'effic.':>9}{'ep ms':>9}"

@@ -72,6 +72,9 @@ def check_backend(config: SandboxConfig) -> None:
     if config.backend == "local":
         _local(config, pool_size=0).shutdown()
         return
+    if config.reuse:
+        raise SandboxUnavailable("sandbox.reuse is implemented by the local backend only; fix: use --backend local, "
+                                 "or set sandbox.reuse=false for Docker")
     from sandbox.docker import docker_client
     from sandbox.image import image_id
 

@@ -723,6 +723,9 @@ class DockerBackend:
         from sandbox.image import image_id
         from sandbox.reaper import reap
 
+        if config.reuse:
+            raise SandboxUnavailable("sandbox.reuse is implemented by the local backend only; fix: use --backend "
+                                     "local, or set sandbox.reuse=false for Docker")
         self.config = config
         self.pool_size = max(0, pool_size)
         self.client = client or docker_client()

@@ -284,8 +284,207 @@ class _Kernel:
 
 
 def main() -> None:
-    """Serve requests on stdin until it closes. Run as `python3 -u -c SOURCE` inside a sandbox."""
-    _Kernel().serve()
+    """Serve requests on stdin until it closes. Run as `python3 -u -c SOURCE` inside a sandbox; with the argument
+    `zygote` (`python3 -u -c SOURCE zygote`), run the zygote instead (see below)."""
+    if sys.argv[1:] == [ZYGOTE_ARG]:
+        _Zygote().serve()
+    else:
+        _Kernel().serve()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The zygote (runs inside a local sandbox, one per sandbox)
+# ----------------------------------------------------------------------------------------------------------------
+#
+# A pristine process that never runs user code. It forks each episode's interpreter (a copy of itself, so an
+# interpreter costs a fork instead of a Python start-up) and, between two episodes of a reused sandbox, resets the
+# sandbox and checks that nothing of the last episode is left. It trusts no state that user code can touch:
+# - it is non-dumpable, so processes of the same uid (every process of the sandbox) cannot ptrace it or read or
+#   write its memory through /proc; a signal can kill or stop it, and the host then sees it gone or silent and
+#   destroys the sandbox;
+# - it imports everything it needs before the first interpreter exists, and never imports from /workspace;
+# - its control channel is a unix socket (fd 0 at start) that no interpreter inherits.
+# Requests, one datagram each (SOCK_SEQPACKET), JSON:
+#   {"op": "spawn"} + 3 fds (stdin, stdout, stderr of the new interpreter) -> {"pid": pid in the sandbox}
+#   {"op": "kill", "pid": n} -> {"status": exit status as in subprocess, null when not our child}
+#   {"op": "reset"} -> {"ok": bool, "why": str}: SIGKILL every other process of the sandbox (PID 1 excepted), wait
+#       until /proc shows only PID 1 and the zygote, empty RESET_DIRS, then check: RESET_DIRS empty with the mode,
+#       owner and extended attributes they had at start, no System V IPC object, and /proc/keys as at start.
+# POSIX message queues are refused by the backend's RLIMIT_MSGQUEUE of 0, so they need no check here.
+
+ZYGOTE_ARG = "zygote"
+RESET_DIRS = ("/tmp", "/workspace", "/dev/shm")
+RESET_WAIT_S = 2.0
+
+
+def _remove(path: str) -> None:
+    """Remove a file, link or directory tree without following links; makes unreadable directories readable."""
+    import stat as stat_mod
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat_mod.S_ISDIR(st.st_mode):
+        os.chmod(path, 0o700)
+        for name in os.listdir(path):
+            _remove(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+class _Zygote:
+    def __init__(self) -> None:
+        import ast  # noqa: F401 - imported now, so that no interpreter (and no reset) imports after user code ran
+        import ctypes
+        import linecache  # noqa: F401
+        import socket
+        import stat  # noqa: F401
+        import traceback  # noqa: F401
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/<pid>/mem for same-uid processes
+        self.ctl = socket.socket(fileno=os.dup(0))  # os.dup: not inherited by the interpreters
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        while "" in sys.path:  # the zygote imports nothing more, and never from the workspace
+            sys.path.remove("")
+        self.pid = os.getpid()
+        self.recv_fds = socket.recv_fds
+        self.baseline = self._state()
+
+    @staticmethod
+    def _state() -> dict[str, Any]:
+        """What a reset must restore and an episode could change outside its files: the reset folders' mode,
+        owner and extended attributes, and the kernel keys this sandbox can see."""
+        state: dict[str, Any] = {}
+        for d in RESET_DIRS:
+            st = os.stat(d)
+            try:
+                xattrs = sorted(os.listxattr(d))
+            except OSError:
+                xattrs = []
+            state[d] = [st.st_mode, st.st_uid, st.st_gid, xattrs]
+        try:
+            with open("/proc/keys") as f:
+                state["keys"] = sorted(line.split()[0] for line in f)
+        except OSError:
+            state["keys"] = None
+        return state
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def spawn(self, fds: list[int]) -> dict[str, Any]:
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            return {"error": f"spawn needs 3 file descriptors, got {len(fds)}"}
+        pid = os.fork()
+        if pid == 0:  # the episode's interpreter
+            try:
+                self.libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the zygote
+                if os.getppid() != self.pid:
+                    os._exit(137)
+                self.libc.prctl(4, 1, 0, 0, 0)  # dumpable again: user code reads its own /proc/self as usual
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                os.closerange(3, 1 << 16)
+                sys.path.insert(0, "")
+                sys.argv[:] = ["-c"]
+                _Kernel().serve()
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        return {"pid": pid}
+
+    @staticmethod
+    def kill(pid: int) -> dict[str, Any]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return {"status": None}
+        return {"status": os.waitstatus_to_exitcode(status)}
+
+    def reset(self) -> dict[str, Any]:
+        deadline = time.monotonic() + RESET_WAIT_S
+        while True:
+            try:
+                os.kill(-1, signal.SIGKILL)  # every process we may signal (all of the sandbox's), but PID 1 and us
+            except ProcessLookupError:
+                pass
+            self._reap()
+            others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, self.pid)]
+            if not others:
+                break
+            if time.monotonic() > deadline:
+                return {"ok": False, "why": f"processes survived the reset: {others[:8]}"}
+            time.sleep(0.001)
+        problems = []
+        for d in RESET_DIRS:
+            try:
+                for name in os.listdir(d):
+                    _remove(os.path.join(d, name))
+                mode, _, _, _ = self.baseline[d]
+                os.chmod(d, mode & 0o7777)
+                for attr in set(os.listxattr(d)) - set(self.baseline[d][3]):
+                    os.removexattr(d, attr)
+            except (OSError, RecursionError) as e:
+                problems.append(f"cannot empty {d}: {e}")
+            try:
+                if os.listdir(d):
+                    problems.append(f"{d} is not empty")
+            except OSError as e:
+                problems.append(f"cannot list {d}: {e}")
+        for kind in ("shm", "sem", "msg"):
+            try:
+                with open(f"/proc/sysvipc/{kind}") as f:
+                    if len(f.read().splitlines()) > 1:
+                        problems.append(f"System V {kind} objects are left")
+            except OSError as e:
+                problems.append(f"cannot read /proc/sysvipc/{kind}: {e}")
+        state = self._state()
+        if state != self.baseline:
+            changed = sorted(k for k in state if state[k] != self.baseline.get(k))
+            problems.append(f"changed since the sandbox started: {', '.join(changed)}")
+        return {"ok": not problems, "why": "; ".join(problems)}
+
+    def serve(self) -> None:
+        self.ctl.send(json.dumps({"ready": True, "pid": self.pid}).encode())
+        while True:
+            try:
+                data, fds, _, _ = self.recv_fds(self.ctl, 65536, 8)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                req = json.loads(data)
+                op = req["op"]
+                if op == "spawn":
+                    reply = self.spawn(list(fds))
+                elif op == "kill":
+                    reply = self.kill(int(req["pid"]))
+                elif op == "reset":
+                    reply = self.reset()
+                else:
+                    reply = {"error": f"unknown op {op!r}"}
+            except (ValueError, KeyError, TypeError) as e:
+                reply = {"error": f"bad request: {e}"}
+            self.ctl.send(json.dumps(reply).encode())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -351,8 +550,9 @@ class InterpreterClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            ready, _, _ = select.select([self._fd], [], [], left)
-            if not ready:
+            poller = select.poll()  # not select(): it fails on descriptors past 1024, which a busy host reaches
+            poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+            if not poller.poll(left * 1000):
                 continue
             try:
                 data = os.read(self._fd, 1 << 20)

@@ -21,7 +21,9 @@ in the request -- so retries of the same request see the fault end:
   reject401                 401 invalid API key
   text                      the tool call as <tool_call>{...}</tool_call> text in content, no tool_calls field
   logprobs                  normal answers plus logprobs (tokens "token_id:N") and choice token_ids
-  latency:SECONDS[:TURNS]   sleep SECONDS on every request; TURNS assistant turns per episode (TURNS-1 tool calls)
+  latency:SECONDS[:TURNS[:JITTER]]  sleep SECONDS on every request; TURNS assistant turns per episode (TURNS-1 tool
+                            calls); with JITTER (a fraction), SECONDS x (1 + JITTER x u), u uniform in [-1, 1] and
+                            fixed per (conversation, turn): the mean stays SECONDS, as a real server's latency varies
 Every request is recorded in `requests` (model, conversation, turn, attempt, what was done) for assertions.
 """
 
@@ -73,6 +75,9 @@ class FaultServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # TCP_NODELAY, as real servers (uvicorn) set it: http.server writes the headers and the body in two
+            # sends, and with Nagle's algorithm the body waits for the client's delayed ACK (~40 ms per response).
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
@@ -187,7 +192,11 @@ class FaultServer:
             h._json(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})
             return
         if kind == "latency":
-            time.sleep(float(args[0]) if args else 0.2)
+            seconds = float(args[0]) if args else 0.2
+            if len(args) > 2:
+                u = int(hashlib.sha256(f"{conv}:{turn}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF * 2 - 1
+                seconds *= 1 + float(args[2]) * u
+            time.sleep(seconds)
         record("ok")
         msg = self._message(kind, prompt, messages, turn, args)
         h._json(200, self._completion(model, msg, logprobs=kind == "logprobs"))

@@ -45,9 +45,11 @@ def sandbox_image() -> str:
         pytest.fail(f"the docker tests need the engine and the image: {e}")
 
 
-@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker), "local"])
+@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker), "local", "local-reuse"])
 def backend(request: pytest.FixtureRequest):
-    """One backend of each kind per test module, with small limits; shut down (and checked empty) at the end."""
+    """One backend of each kind per test module, with small limits; shut down (and checked empty) at the end.
+    `local-reuse` is the local backend with SandboxConfig.reuse: its episodes mostly run in sandboxes that earlier
+    tests' episodes used and the backend reset, so every hostile program is also tried against the reset."""
     kind = request.param
     if kind == "docker":
         request.getfixturevalue("sandbox_image")
@@ -55,7 +57,10 @@ def backend(request: pytest.FixtureRequest):
         pytest.skip("sandbox.local is not written yet")
     from sandbox.backend import open_backend
 
-    b = open_backend(small_config(kind))
+    if kind == "local-reuse":
+        b = open_backend(small_config("local", reuse=True))
+    else:
+        b = open_backend(small_config(kind))
     yield b
     b.shutdown()
     if kind == "docker":

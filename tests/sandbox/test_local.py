@@ -309,7 +309,8 @@ def test_enter_refuses_a_pid_that_is_not_the_sandbox(sb):
 
 def test_killed_calls_leave_no_orphans_and_close_is_prompt(sb):
     sb.run_python("1")
-    expected = {sb.holder_pid, *sb._children_of(sb._interp_proc.pid)}
+    expected = {sb.holder_pid, sb._zygote_pid, *sb._children_of(sb._zygote_pid)}  # PID 1, zygote, interpreter
+    assert len(expected) == 3
     for argv in (["sleep", "30"], ["yes"]):
         r = sb.exec(argv, timeout_s=0.5)
         assert r.verdict in ("timeout", "resource_limit"), r
