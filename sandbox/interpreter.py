@@ -523,6 +523,8 @@ class InterpreterClient:
         self._stdin = stdin
         self._fd = stdout.fileno() if hasattr(stdout, "fileno") else int(stdout)
         os.set_blocking(self._fd, False)
+        self._poller = select.poll()  # not select(): it fails on descriptors past 1024, which a busy host reaches
+        self._poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         self._kill = kill
         self._buf = bytearray()
         self._next_id = 0
@@ -550,9 +552,7 @@ class InterpreterClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            poller = select.poll()  # not select(): it fails on descriptors past 1024, which a busy host reaches
-            poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-            if not poller.poll(left * 1000):
+            if not self._poller.poll(left * 1000):
                 continue
             try:
                 data = os.read(self._fd, 1 << 20)

@@ -364,8 +364,8 @@ class LocalSandbox:
             proc = subprocess.Popen(
                 [self._owner.python, "-S", "-c", ENTER_SOURCE, str(self.holder_pid), str(status_w),
                  self._spec(exec_call, timeout_s), *argv],
-                stdin=stdin if stdin is not True and stdin is not False else
-                subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stdin=(subprocess.PIPE if stdin else subprocess.DEVNULL) if isinstance(stdin, bool) else stdin,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True, env={})
         except OSError:
             os.close(status_r)
