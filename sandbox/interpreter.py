@@ -42,6 +42,8 @@ from typing import Any, BinaryIO
 PROTOCOL_LINE_LIMIT_FACTOR = 14  # a JSON line may hold 2 streams of output_limit bytes, each escaped up to 6x
 WATCHDOG_GRACE_S = 0.5  # after the deadline, child processes of the call are killed
 RERAISE_INTERVAL_S = 0.1
+WATCH_INTERVAL_S = 0.1  # while a cell runs, InterpreterClient calls its `watch` this often
+THREAD_RETRY_S = 0.2  # how long a cell waits for the process limit to free a slot for its watchdog thread
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -110,6 +112,20 @@ def _start_thread(target: Callable[..., None], name: str, *args: Any) -> None:
         threading.Thread(target=target, args=args, name=name, daemon=True).start()
     finally:
         threading.stack_size(old)
+
+
+def _start_thread_retrying(target: Callable[..., None], name: str, *args: Any) -> bool:
+    """`_start_thread`, retried for a moment when the process limit refuses a thread (processes a call left behind
+    may have just been killed and not be gone yet); whether it started."""
+    deadline = time.monotonic() + THREAD_RETRY_S
+    while True:
+        try:
+            _start_thread(target, name, *args)
+            return True
+        except RuntimeError:  # "can't start new thread" (EAGAIN)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
 
 
 def _descendants(root_pid: int) -> list[int]:
@@ -191,7 +207,9 @@ class _Kernel:
         self.timeout_s = timeout_s
         self.alarm_fired = False
         done = threading.Event()
-        _start_thread(self._watchdog, "watchdog", done, time.monotonic() + timeout_s)
+        # With the sandbox's process limit full (threads count), the cell runs without its watchdog: the backend
+        # still kills what a call leaves behind past its timeout, and the cell may be the one that frees the slots.
+        _start_thread_retrying(self._watchdog, "watchdog", done, time.monotonic() + timeout_s)
         for fd, w in zip((1, 2), self.write_ends):
             os.dup2(w, fd)  # a cell that closed or redirected fd 1/2 does not break the next one
         try:
@@ -539,8 +557,9 @@ class InterpreterClient:
             self.alive = False
             self.exit_status = self._kill()
 
-    def _read_line(self, deadline: float, limit: int) -> bytes | None:
-        """One protocol line, or None at EOF or when the deadline passes. Raises on an oversized line."""
+    def _read_line(self, deadline: float, limit: int, watch: Callable[[], None] | None = None) -> bytes | None:
+        """One protocol line, or None at EOF or when the deadline passes. Raises on an oversized line.
+        `watch`, if given, is called every WATCH_INTERVAL_S while the line has not come."""
         while True:
             nl = self._buf.find(b"\n")
             if nl >= 0:
@@ -552,7 +571,10 @@ class InterpreterClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            if not self._poller.poll(left * 1000):
+            wait = left if watch is None else min(left, WATCH_INTERVAL_S)
+            if not self._poller.poll(wait * 1000):
+                if watch is not None:
+                    watch()
                 continue
             try:
                 data = os.read(self._fd, 1 << 20)
@@ -577,8 +599,11 @@ class InterpreterClient:
         self.ready = msg
         return msg
 
-    def call_raw(self, code: str, timeout_s: float, output_limit: int) -> dict[str, Any]:
+    def call_raw(self, code: str, timeout_s: float, output_limit: int,
+                 watch: Callable[[], None] | None = None) -> dict[str, Any]:
         """Send one cell and return the protocol response, plus `died` (bool) and `exit_status` when it died.
+        `watch` is called every WATCH_INTERVAL_S while the cell runs (the local backend samples the sandbox's
+        process count with it).
 
         Never raises for the program's behaviour: a hang past timeout_s + grace_s returns timed_out=True with
         died=True, and a dead interpreter returns died=True. Raises InterpreterError only when called after the
@@ -596,7 +621,8 @@ class InterpreterClient:
         try:
             self._stdin.write(req.encode("utf-8", "surrogatepass"))
             self._stdin.flush()
-            line = self._read_line(start + timeout_s + self.grace_s, PROTOCOL_LINE_LIMIT_FACTOR * output_limit + 65536)
+            line = self._read_line(start + timeout_s + self.grace_s, PROTOCOL_LINE_LIMIT_FACTOR * output_limit + 65536,
+                                   watch)
         except (BrokenPipeError, InterpreterError, OSError) as e:
             line, base["stderr"] = None, f"[interpreter channel broke: {e}]"
         duration_ms = (time.monotonic() - start) * 1000

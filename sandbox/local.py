@@ -65,6 +65,7 @@ SANDBOX_UID = 65534
 MARKER = "flywheel-local-sandbox"  # in the holder's command line: how tests and humans find our processes
 GRACE_S = 2.0  # how long past its timeout a call may run before the host kills it
 START_TIMEOUT_S = 10.0
+STRAY_WAIT_S = 2.0  # how long killing a call's leftover processes waits for them to exit
 ZYGOTE_TIMEOUT_S = 5.0  # a zygote that does not answer a request in this time is broken: the sandbox is destroyed
 MIN_FLOOD_BYTES = 32 * 1024 * 1024  # exec output beyond max(this, 8 x the cap) kills the call (resource_limit)
 SANDBOX_ENV = {
@@ -225,7 +226,16 @@ def _fork_failed(stderr: bytes | bytearray | str) -> bool:
     text = bytes(stderr).decode("utf-8", "replace") if not isinstance(stderr, str) else stderr
     tail = "\n".join(text.rstrip().splitlines()[-3:])
     return ("BlockingIOError: [Errno 11]" in tail or "fork: Resource temporarily unavailable" in tail
-            or "Cannot fork" in tail or "fork: retry" in tail)
+            or "Cannot fork" in tail or "fork: retry" in tail or "can't start new thread" in tail)
+
+
+def _running(pid: int) -> bool:
+    """Whether a host pid is a process that has not exited yet (gone, or a zombie waiting for its parent: no)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :][:1] not in (b"Z", b"X")
 
 
 def _killpg(proc: subprocess.Popen) -> None:
@@ -386,7 +396,10 @@ class LocalSandbox:
         return None if data == b"ok" else (data.decode(errors="replace") or "the enter helper died")
 
     def _kill_strays(self, keep: set[int]) -> int:
-        """SIGKILL every process of this sandbox except PID 1 and the host pids in `keep`; returns how many."""
+        """SIGKILL every process of this sandbox except PID 1 and the host pids in `keep`; returns how many.
+
+        Returns once they have exited (at most STRAY_WAIT_S): until then they still hold the sandbox's pids limit,
+        and the next call would find it full (a fork bomb's members take a few ms to die)."""
         killed: set[int] = set()
         for _ in range(3):  # a fork racing the scan is caught by the next pass
             for pid in self.processes():
@@ -397,6 +410,11 @@ class LocalSandbox:
                     killed.add(pid)
                 except OSError:
                     continue
+        left, end = set(killed), time.monotonic() + STRAY_WAIT_S
+        while left and time.monotonic() < end:
+            left = {pid for pid in left if _running(pid)}
+            if left:
+                time.sleep(0.005)
         return len(killed)
 
     def _children_of(self, helper_pid: int) -> list[int]:
@@ -466,9 +484,11 @@ class LocalSandbox:
                     continue
         return n
 
-    def _pids_hit(self, stderr: bytes | bytearray | str = b"") -> bool:
+    def _pids_hit(self, stderr: bytes | bytearray | str = b"", peak: int = 0) -> bool:
         """Whether the call hit the sandbox's pids limit: its stderr ends with a failed fork (EAGAIN, which
-        RLIMIT_NPROC gives), or it left the sandbox near the limit (a fork bomb holding its processes).
+        RLIMIT_NPROC gives), or it came near the limit (`peak`: the most tasks seen while it ran, if sampled) or
+        left the sandbox near it (a fork bomb holding its processes). The local backend has no cgroup counting
+        failed forks: a bomb whose members exit silently when their fork fails is only seen by these counts.
 
         A normal call leaves a handful of tasks and costs one small /proc listing. When more than half the limit
         is in use, forks may still be in flight: wait (at most 0.3 s) for the count to settle before judging.
@@ -477,6 +497,8 @@ class LocalSandbox:
             return True
         limit = self.config.pids_limit
         near = limit - max(2, limit // 10)  # processes that failed their fork exit and free a few pids
+        if peak >= near:
+            return True
         n = self._tasks()
         end = time.monotonic() + 0.3
         while limit // 2 < n < near and time.monotonic() < end:
@@ -770,14 +792,19 @@ class LocalSandbox:
                     pass
             self._drop_interpreter()
             return self._infra("starting the interpreter failed", SandboxError(f"{e} {detail}".strip()), t0)
-        raw = self._interp.call_raw(code, timeout_s, self.config.output_limit_bytes)
+        peak = [0]  # the most tasks the sandbox held while the cell ran (sampled only past WATCH_INTERVAL_S)
+
+        def watch() -> None:
+            peak[0] = max(peak[0], self._tasks())
+
+        raw = self._interp.call_raw(code, timeout_s, self.config.output_limit_bytes, watch)
         if raw["died"] and not self.alive():
             self._drop_interpreter()
             return self._infra("run_python", SandboxError("the sandbox's PID 1 died during the call"), t0)
         fields = exec_fields(raw)
         notes = [self._note] if self._note else []
         self._note = None
-        pids = self._pids_hit(raw["error"] or "")
+        pids = self._pids_hit(raw["error"] or "", peak[0])
         if raw["timed_out"] or raw["died"] or pids:
             n = self._kill_strays(keep=self._interp_keep())
             if n:

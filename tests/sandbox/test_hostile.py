@@ -39,7 +39,8 @@ def bounded_bomb(marker: str, report: bool = False) -> str:
     A child whose fork fails exits; with `report` it first prints the error's traceback, as a naive bomb does.
     (A bomb whose failing children exit silently is caught on Docker by the cgroup's pids counter; the local
     backend has no cgroup and judges a plain exec by its stderr and the task count at the end, which such a bomb
-    can slip under once its failed members have exited: that exec case is tested with `report`.)"""
+    can slip under once its failed members have exited: that exec case is tested with `report`. For run_python
+    it also samples the task count while the call runs.)"""
     report_src = "        traceback.print_exc()\n        sys.stderr.flush()\n" if report else ""
     child_exit = report_src + "        os._exit(1)\n"
     return (
@@ -65,6 +66,27 @@ def test_fork_bomb_in_interpreter(episode, marker):
     r = episode.run_python(bounded_bomb(marker), timeout_s=15)
     assert r.verdict == "resource_limit", r
     # the sandbox still answers afterwards
+    assert episode.run_python("print(6 * 7)").stdout.strip() == "42"
+
+
+def test_a_cell_still_runs_when_the_pids_limit_is_full(episode):
+    # a child of the first cell fills the limit with threads after the cell ended, and holds them
+    r = episode.run_python("import os, threading, time\n"
+                           "pid = os.fork()\n"
+                           "if pid == 0:\n"
+                           "    time.sleep(0.3)\n"
+                           "    threading.stack_size(256 * 1024)\n"
+                           "    ev = threading.Event()\n"
+                           "    try:\n"
+                           "        while True:\n"
+                           "            threading.Thread(target=ev.wait).start()\n"
+                           "    except RuntimeError:\n"
+                           "        ev.wait()")
+    assert r.verdict == "ok", r
+    time.sleep(1.5)
+    # the next cell finds no room for its interpreter's own watchdog thread, runs anyway, and can free the room
+    r = episode.run_python("import signal\nos.kill(pid, signal.SIGKILL)\nos.waitpid(pid, 0)\nprint('freed')")
+    assert r.stdout.strip() == "freed", r
     assert episode.run_python("print(6 * 7)").stdout.strip() == "42"
 
 
