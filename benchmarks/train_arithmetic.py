@@ -49,6 +49,10 @@ def main() -> None:
     ap.add_argument("--copy-warmup-steps", type=int, default=400, help="echo steps on the train prompts before SFT "
                     "(training/warmup.py); 0 starts SFT from the random weights")
     ap.add_argument("--sft-steps", type=int, default=2000)
+    ap.add_argument("--sft-no-tool-share", type=float, default=0.0,
+                    help="replace this share of the SFT demonstrations (seeded) by ones that answer at once without "
+                         "the tool, as a human writing from memory would: SFT then leaves a policy choice that "
+                         "GRPO's reward can correct (answers without the tool score as hacks)")
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--weight-decay", type=float, default=0.3)
     ap.add_argument("--batch", type=int, default=16)
@@ -151,6 +155,10 @@ def _teacher_and_sft(args, held, backend, table, score) -> str:
     teacher = [r for r in rows if r.verdict == "pass"]
     table.append({"stage": "teacher rollouts", "episodes": len(rows), "passes": len(teacher), "wall_s": w,
                   "cpu_s": c})
+    if args.sft_no_tool_share:
+        teacher, n = _without_tool(teacher, args.sft_no_tool_share, args.seed)
+        table.append({"stage": "demos without the tool", "replaced": n, "of": len(teacher), "wall_s": 0.0,
+                      "cpu_s": 0.0})
     base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
                         layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
     table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
@@ -169,6 +177,21 @@ def _teacher_and_sft(args, held, backend, table, score) -> str:
     return sft.checkpoint_path
 
 
+def _without_tool(rows: list, share: float, seed: int) -> tuple[list, int]:
+    """A seeded `share` of the rows rewritten as [system, user, the final answer] (no tool call); how many."""
+    import random
+
+    from warehouse.record import Message
+
+    rng, out, n = random.Random(seed), [], 0
+    for r in rows:
+        if rng.random() < share:
+            msgs = [r.messages[0], r.messages[1], Message(role="assistant", content=r.messages[-1].content)]
+            r, n = r.model_copy(update={"messages": msgs}), n + 1
+        out.append(r)
+    return out, n
+
+
 def _print(args, table: list[dict]) -> None:
     print(f"{'stage':<26} {'pass':>6} {'reward':>7} {'wall_s':>8} {'cpu_s':>7}  other")
     for r in table:
@@ -180,6 +203,13 @@ def _print(args, table: list[dict]) -> None:
     sft_r = next((r for r in table if r["stage"] == "sft heldout"), None)
     if base_r and sft_r:
         print(f"held-out pass: base {base_r['pass_rate']:.0%} -> SFT {sft_r['pass_rate']:.0%}")
+    for suffix in ("", f" T=1 x{args.eval_samples}"):
+        before = next((r for r in table if r["stage"] == f"sft heldout{suffix}"), None)
+        after = next((r for r in table if r["stage"] == f"grpo heldout d{args.grpo_difficulty}{suffix}"), None)
+        if before and after and args.grpo_difficulty == args.difficulty:
+            hacks = [x["verdicts"].get("hack", 0) for x in (before, after)]
+            print(f"held-out{suffix or ' greedy'}: mean reward SFT {before['mean_reward']:.3f} -> GRPO "
+                  f"{after['mean_reward']:.3f}; hack verdicts {hacks[0]} -> {hacks[1]}")
     Path(args.out).write_text(json.dumps({"args": vars(args), "table": table}, indent=2, default=str))
     print(f"wrote {args.out}")
 
