@@ -20,6 +20,7 @@ bench:
 	.venv/bin/python benchmarks/sandbox.py
 	.venv/bin/python benchmarks/warehouse.py --n 100000
 	.venv/bin/python benchmarks/rollout.py
+	.venv/bin/python benchmarks/http_client.py
 
 lint:
 	.venv/bin/ruff check .

@@ -14,12 +14,22 @@ import time
 
 import pytest
 
-from agents.openai_policy import OpenAIPolicy, check_endpoint, parse_tool_call_text, retry_after_seconds
+from agents.openai_policy import HTTP_STACKS, OpenAIPolicy, check_endpoint, parse_tool_call_text, retry_after_seconds
 from agents.policy import EndpointError
 from agents.rollout import rollout
 
+_stack = {"http": "aiohttp"}
+
+
+@pytest.fixture(autouse=True, params=HTTP_STACKS)
+def http_stack(request):
+    """Every fault on both HTTP stacks under the OpenAI client (`policy` below builds with this one)."""
+    _stack["http"] = request.param
+    return request.param
+
 
 def policy(server, model: str, **kw) -> OpenAIPolicy:
+    kw.setdefault("http", _stack["http"])
     kw.setdefault("max_retries", 3)
     kw.setdefault("backoff_base_s", 0.05)
     kw.setdefault("timeout_s", 5.0)
@@ -159,3 +169,8 @@ def test_parse_tool_call_text():
     assert [c.function.name for c in calls] == ["python", "<malformed>"]
     assert calls[0].function.arguments == '{"code": "1"}' and calls[1].function.arguments == "{bad"
     assert parse_tool_call_text("Answer: 3") == ("Answer: 3", [])
+
+
+def test_unknown_http_stack_is_refused():
+    with pytest.raises(ValueError, match="http must be one of aiohttp, httpx, got 'requests'"):
+        OpenAIPolicy(base_url="http://127.0.0.1:1/v1", model="m", http="requests")
