@@ -68,9 +68,6 @@ class PolicyConfig(BaseModel):
     max_retries: int = Field(default=4, ge=0, description="Retries of a request on 429/5xx/timeouts/drops.")
     backoff_base_s: float = Field(default=0.5, ge=0, description="First retry backoff (doubles, jittered).")
     concurrency: int = Field(default=16, gt=0, description="Requests in flight to this endpoint at once.")
-    http: Literal["aiohttp", "httpx"] = Field(default="aiohttp",
-                                              description="HTTP stack under the OpenAI client: aiohttp (C parser, "
-                                                          "less client CPU per request) or httpx.")
     weight: float = Field(default=1.0, gt=0, description="Share of episodes in a mixture of policies.")
     price: PriceTable = Field(default_factory=PriceTable, description="USD per 1M prompt/completion tokens.")
     logprobs: bool = Field(default=False, description="Ask for completion logprobs (and token ids where served).")
@@ -132,7 +129,7 @@ def build_policy(cfg: PolicyConfig) -> Policy:
             max_tokens=cfg.max_tokens, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
             backoff_base_s=cfg.backoff_base_s, concurrency=cfg.concurrency,
             prompt_price_per_1m=cfg.price.prompt_per_1m, completion_price_per_1m=cfg.price.completion_per_1m,
-            logprobs=cfg.logprobs, text_tool_calls=cfg.text_tool_calls, extra_body=cfg.extra_body, http=cfg.http)
+            logprobs=cfg.logprobs, text_tool_calls=cfg.text_tool_calls, extra_body=cfg.extra_body)
     if cfg.kind == "transformers":
         try:
             from agents import transformers_policy

@@ -1,14 +1,14 @@
 """The OpenAI-compatible policy (vLLM, `transformers serve`, hosted APIs) and the chat-format helpers around it.
 
-`OpenAIPolicy.reply` sends the conversation and the task's tool schemas to `/chat/completions` with the `openai`
-AsyncOpenAI client and turns the first choice into a `PolicyReply`:
+`OpenAIPolicy.reply` POSTs the conversation and the task's tool schemas to `{base_url}/chat/completions` and turns
+the first choice into a `PolicyReply`:
+- plain aiohttp, one session (connection pool) per event loop, JSON in and out, not the `openai` SDK: on 2 cores
+  a rollout of many episodes is bounded by the client's CPU per request, and the SDK's request building, httpx
+  layers and typed response models cost about five times our whole request (benchmarks/http_client.py: 1.1 vs
+  0.2 ms); proxies from HTTP(S)_PROXY / NO_PROXY, read once;
 - bounded concurrency per policy (an asyncio.Semaphore held only while a request is in flight, not while backing
-  off), a per-request timeout; requests go round-robin over ceil(concurrency / CONNECTIONS_PER_POOL) clients (at
-  most MAX_POOLS), each with its own connection pool, since the HTTP stack checks every idle connection of a pool
-  (a syscall each) on every request: one pool of 64 connections cost more client CPU than the rest of a request;
-  under each client the SDK's aiohttp transport by default (`http="aiohttp"`: its C HTTP parser takes ~40% less
-  client CPU per request than httpx's pure-Python one, benchmarks/http_client.py), or `http="httpx"`;
-- retries done here, not by the client (its max_retries is 0): 408/409/429/5xx, timeouts and dropped connections
+  off), a per-request timeout (the whole request, connect to last byte);
+- retries done here: 408/409/429/5xx, timeouts, dropped connections and unreadable 2xx bodies
   are retried up to `max_retries` times with jittered exponential backoff, honouring Retry-After / retry-after-ms
   (capped at `retry_after_max_s`); then `EndpointError` (-> infra_error row, retried by the rollout runner);
 - no retry where retrying cannot help: a 400/413 about context length -> `ContextLengthError` (model_error row);
@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import email.utils
 import json
-import math
 import random
 import re
 import time
@@ -48,9 +47,6 @@ from tasks.spec import Task
 from warehouse.record import FunctionCall, Message, Source, ToolCall
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-CONNECTIONS_PER_POOL = 8  # requests in flight per HTTP client (see the module docstring)
-MAX_POOLS = 16
-HTTP_STACKS = ("aiohttp", "httpx")  # the SDK's transports: aiohttp's (C HTTP parser) or httpx's own (pure Python)
 _CONTEXT_RE = re.compile(
     r"context[ _]length|maximum context|context window|context_length_exceeded|maximum model length|"
     r"prompt is too long|too many tokens|max_model_len|exceeds the model", re.IGNORECASE)
@@ -159,19 +155,19 @@ def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return [m.to_openai() for m in messages]
 
 
-def _logprobs_and_ids(choice: Any) -> tuple[list[float] | None, list[int] | None]:
+def _logprobs_and_ids(choice: dict[str, Any]) -> tuple[list[float] | None, list[int] | None]:
+    """Completion logprobs and token ids of a response choice (JSON), when the server returned them."""
     logprobs: list[float] | None = None
     ids: list[int] | None = None
-    lp = getattr(choice, "logprobs", None)
-    content = getattr(lp, "content", None) if lp is not None else None
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
     if content:
-        logprobs = [float(t.logprob) for t in content]
-        parsed = [_TOKEN_ID_RE.match(t.token or "") for t in content]
+        logprobs = [float(t["logprob"]) for t in content]
+        parsed = [_TOKEN_ID_RE.match(t.get("token") or "") for t in content]
         if all(parsed):
             ids = [int(m.group(1)) for m in parsed if m]
-    extra = getattr(choice, "model_extra", None) or {}
-    if isinstance(extra.get("token_ids"), list):
-        ids = [int(x) for x in extra["token_ids"]]
+    if isinstance(choice.get("token_ids"), list):  # vLLM's return_token_ids
+        ids = [int(x) for x in choice["token_ids"]]
     return logprobs, ids
 
 
@@ -213,10 +209,7 @@ class OpenAIPolicy:
         logprobs: bool = False,
         text_tool_calls: bool = True,
         extra_body: dict[str, Any] | None = None,
-        http: str = "aiohttp",
     ) -> None:
-        if http not in HTTP_STACKS:
-            raise ValueError(f"http must be one of {', '.join(HTTP_STACKS)}, got {http!r}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if max_retries < 0:
@@ -243,7 +236,7 @@ class OpenAIPolicy:
         self.logprobs = logprobs
         self.text_tool_calls = text_tool_calls
         self.extra_body = dict(extra_body or {})
-        self.http = http
+        self._proxy = _env_proxy(base_url)
         self.requests_sent = 0  # HTTP attempts, for tests and summaries
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -256,25 +249,21 @@ class OpenAIPolicy:
         return {k: v for k, v in d.items() if v is not None}
 
     def _ensure(self) -> tuple[Any, asyncio.Semaphore]:
-        """A client (round-robin over this loop's pools) and the loop's semaphore (each event loop gets its own:
-        asyncio objects are loop-bound)."""
+        """This event loop's HTTP session and semaphore (each loop gets its own: asyncio objects are loop-bound)."""
         loop = asyncio.get_running_loop()
         state = self._per_loop.get(loop)
         if state is None:
-            from openai import AsyncOpenAI, DefaultAioHttpClient, DefaultAsyncHttpxClient
+            import aiohttp
 
-            http_client = DefaultAioHttpClient if self.http == "aiohttp" else DefaultAsyncHttpxClient
-            pools = max(1, min(MAX_POOLS, math.ceil(self.concurrency / CONNECTIONS_PER_POOL)))
-            ctx = _ssl_context()  # one for all pools: building it is most of a client's set-up cost
-            clients = [AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=0,
-                                   http_client=http_client(verify=ctx)) for _ in range(pools)]
-            state = self._per_loop[loop] = [clients, asyncio.Semaphore(self.concurrency), 0, 0]
-        state[3] = (state[3] + 1) % len(state[0])
-        return state[0][state[3]], state[1]
+            headers = {"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json",
+                       "Accept": "application/json", "User-Agent": "flywheel"}
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.concurrency), headers=headers)
+            state = self._per_loop[loop] = [session, asyncio.Semaphore(self.concurrency), 0]
+        return state[0], state[1]
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[OpenAIPolicy]:
-        """Scope of this loop's HTTP client: closed when the last open session of the loop ends (the rollout
+        """Scope of this loop's HTTP session: closed when the last open session of the loop ends (the rollout
         runner opens one per run), so no connection outlives its event loop."""
         self._ensure()
         state = self._per_loop[asyncio.get_running_loop()]
@@ -285,15 +274,13 @@ class OpenAIPolicy:
             state[2] -= 1
             if state[2] == 0:
                 self._per_loop.pop(asyncio.get_running_loop(), None)
-                for client in state[0]:
-                    await client.close()
+                await state[0].close()
 
     async def aclose(self) -> None:
-        """Close the running loop's client (sessions do this for you)."""
+        """Close the running loop's HTTP session (sessions do this for you)."""
         state = self._per_loop.pop(asyncio.get_running_loop(), None)
         if state is not None:
-            for client in state[0]:
-                await client.close()
+            await state[0].close()
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -321,86 +308,103 @@ class OpenAIPolicy:
 
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
                     sample_index: int) -> PolicyReply:
-        import openai
-        from openai.types.chat import ChatCompletion
+        import aiohttp
 
-        client, sem = self._ensure()
-        request = self._request(messages, tools, sample_index)
+        session, sem = self._ensure()
+        url = self.base_url.rstrip("/") + "/chat/completions"
+        body = json.dumps(self._request(messages, tools, sample_index), ensure_ascii=False).encode()
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         last = ""
         for attempt in range(self.max_retries + 1):
             retry_after: float | None = None
             try:
                 async with sem:
                     self.requests_sent += 1
-                    # The client's own POST, not chat.completions.create: create() first runs the body through the
-                    # SDK's typed-dict transform, which cost more CPU than the rest of the request (the body here is
-                    # plain JSON already). Same HTTP request, response parsing, errors and exceptions.
-                    resp = await client.post("/chat/completions", cast_to=ChatCompletion, body=request,
-                                             options={"timeout": self.timeout_s})
-                return self._to_reply(resp)
-            except openai.APIStatusError as e:
-                status = e.status_code
-                body = _error_text(e)
-                if status in (400, 413) and is_context_length_message(body):
-                    raise ContextLengthError(f"{self.base_url} model {self.model!r}: context too long "
-                                             f"(HTTP {status}): {body[:300]}") from None
-                if status not in RETRY_STATUSES:
-                    raise RequestRejected(f"{self.base_url} rejected the request with HTTP {status}: {body[:300]}; "
-                                          f"fix: {_status_fix(status, self.base_url, self.model, self.api_key_env)}"
-                                          ) from None
-                retry_after = retry_after_seconds(e.response.headers)
-                last = f"HTTP {status}: {body[:200]}"
-            except openai.APITimeoutError:
+                    async with session.post(url, data=body, timeout=timeout, proxy=self._proxy) as resp:
+                        status, headers, raw = resp.status, resp.headers, await resp.read()
+            except TimeoutError:  # aiohttp's timeouts are TimeoutErrors (asyncio.TimeoutError is the same class)
                 last = f"no answer within {self.timeout_s:g} s (timeout_s)"
-            except openai.APIConnectionError as e:
-                last = f"connection failed: {e.__cause__ or e}"
+            except aiohttp.ClientError as e:  # refused, reset, dropped mid-response, malformed HTTP
+                last = f"connection failed: {type(e).__name__}: {e}"
+            else:
+                if status < 300:
+                    try:
+                        data = json.loads(raw)
+                    except ValueError:
+                        data = None
+                    if isinstance(data, dict):
+                        return self._to_reply(data)
+                    last = f"HTTP {status} with a body that is not a JSON object: {raw[:200]!r}"
+                else:
+                    text = _error_text(raw)
+                    if status in (400, 413) and is_context_length_message(text):
+                        raise ContextLengthError(f"{self.base_url} model {self.model!r}: context too long "
+                                                 f"(HTTP {status}): {text[:300]}")
+                    if status not in RETRY_STATUSES:
+                        raise RequestRejected(f"{self.base_url} rejected the request with HTTP {status}: "
+                                              f"{text[:300]}; fix: "
+                                              f"{_status_fix(status, self.base_url, self.model, self.api_key_env)}")
+                    retry_after = retry_after_seconds(headers)
+                    last = f"HTTP {status}: {text[:200]}"
             if attempt < self.max_retries:
                 await asyncio.sleep(self._backoff(attempt, retry_after))
         raise EndpointError(f"{self.base_url} model {self.model!r} failed after {self.max_retries + 1} attempts "
                             f"(last: {last}); fix: check the server is up and not overloaded, or raise "
                             "max_retries / timeout_s")
 
-    def _to_reply(self, resp: Any) -> PolicyReply:
-        if not getattr(resp, "choices", None):
+    def _to_reply(self, resp: dict[str, Any]) -> PolicyReply:
+        """A chat-completions response (parsed JSON) -> PolicyReply; ModelError when it is not one."""
+        choices = resp.get("choices")
+        if not choices or not isinstance(choices, list):
             raise ModelError(f"{self.base_url} returned no choices")
-        choice = resp.choices[0]
-        if choice.message is None:
+        choice = choices[0]
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
             raise ModelError(f"{self.base_url} returned a choice without a message")
-        message = message_from_openai(choice.message, text_tool_calls=self.text_tool_calls)
+        try:
+            message = message_from_openai(choice["message"], text_tool_calls=self.text_tool_calls)
+            usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+            pt = int(usage.get("prompt_tokens") or 0)
+            ct = int(usage.get("completion_tokens") or 0)
+            logprobs, ids = _logprobs_and_ids(choice)
+        except (TypeError, ValueError, AttributeError, KeyError) as e:  # right JSON, wrong shapes inside
+            raise ModelError(f"{self.base_url} returned a malformed choice: {type(e).__name__}: {e}") from None
+        finish = choice.get("finish_reason")
         if not message.tool_calls and not (message.content or "").strip():
-            raise EmptyReply(f"the model replied with neither content nor tool calls "
-                             f"(finish_reason={choice.finish_reason!r})")
-        usage = getattr(resp, "usage", None)
-        pt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        ct = int(getattr(usage, "completion_tokens", 0) or 0)
-        logprobs, ids = _logprobs_and_ids(choice)
+            raise EmptyReply(f"the model replied with neither content nor tool calls (finish_reason={finish!r})")
         return PolicyReply(message=message, prompt_tokens=pt, completion_tokens=ct,
                            cost_usd=cost_usd(pt, ct, self.prompt_price_per_1m, self.completion_price_per_1m),
-                           finish_reason=choice.finish_reason, token_ids=ids, logprobs=logprobs)
+                           finish_reason=finish if isinstance(finish, str) else None, token_ids=ids,
+                           logprobs=logprobs)
 
 
-def _error_text(e: Any) -> str:
-    body = getattr(e, "body", None)
+def _env_proxy(url: str) -> str | None:
+    """The proxy HTTP(S)_PROXY / NO_PROXY give for url, read once (as the openai SDK honours them). Not aiohttp's
+    trust_env: it reads the environment and ~/.netrc on every request, 0.3 ms of CPU each, more than the rest of
+    our request."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
+
+
+def _error_text(raw: bytes) -> str:
+    """The message of an error response body: OpenAI's {"error": {"message": ...}}, any JSON, or the text."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace").strip()
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict):
             return str(err.get("message") or err.get("code") or err)
         return str(err)
-    if body:
-        return str(body)
-    return str(getattr(e, "message", "") or e)
+    return str(body)
 
 
 # ---------------------------------------------------------------------------------------------------- preflight
-
-
-def _ssl_context() -> Any:
-    """The SSL context the SDK's HTTP client builds by default (system trust store, SSL_CERT_FILE honoured)."""
-    try:
-        from httpx2 import create_ssl_context  # openai >= 3 ships its own fork of httpx
-    except ImportError:
-        from httpx import create_ssl_context
-    return create_ssl_context()
 
 
 def check_endpoint(base_url: str, model: str | None = None, timeout: float = 5.0, api_key: str | None = None) -> list[str]:

@@ -19,7 +19,7 @@ episode. Where the CPU goes: for every level, the whole machine's CPU time (/pro
 process (client, loop, host side of the sandbox calls), the endpoint's process, and the rest (sandbox processes,
 the container engine, anything else running), next to the budget: the CPU per episode the machine can spend when
 the level runs at 90% efficiency (cpus / (0.9 x ideal episodes/s)). Prints tables, writes JSON (--out).
-Usage: python benchmarks/rollout.py [--quick] [--backend local [--reuse]] [--jitter 0.25] [--waves N] [--http httpx].
+Usage: python benchmarks/rollout.py [--quick] [--backend local [--reuse]] [--jitter 0.25] [--waves N].
 """
 
 from __future__ import annotations
@@ -171,8 +171,6 @@ def main() -> None:
                     help="episodes per level = waves x concurrency (at least 8). With a fixed model latency the first "
                          "wave's episodes run in lockstep (their replies arrive together and queue for the client); "
                          "later waves spread out, so more waves measure the steady state")
-    ap.add_argument("--http", default="aiohttp", choices=["aiohttp", "httpx"],
-                    help="HTTP stack under the OpenAI client (benchmarks/http_client.py compares them)")
     ap.add_argument("--reuse", action="store_true",
                     help="local backend: reuse sandboxes across episodes after a verified reset (SandboxConfig.reuse)")
     args = ap.parse_args()
@@ -189,8 +187,7 @@ def main() -> None:
     direct = [t.model_copy(update={"prompt": t.prompt + " (answer directly)",
                                    "verifier": t.verifier.model_copy(update={"requires_tool": None})})
               for t in tasks]
-    result: dict = {"benchmark": "rollout", "backend": args.backend, "reuse": args.reuse, "http": args.http,
-                    "latency_s": args.latency,
+    result: dict = {"benchmark": "rollout", "backend": args.backend, "reuse": args.reuse, "latency_s": args.latency,
                     "jitter": args.jitter, "waves": args.waves,
                     "turns": args.turns,
                     "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "python": platform.python_version(),
@@ -199,7 +196,7 @@ def main() -> None:
                            "tool_turns": args.turns - 1, "models": [model, m1]})
     try:
         policy = OpenAIPolicy(base_url=srv.base_url, model=model, name="latency", concurrency=256, max_retries=2,
-                              timeout_s=30.0, temperature=0.0, http=args.http)
+                              timeout_s=30.0, temperature=0.0)
         backend = open_bench_backend(args.backend, pool=min(8, args.pool_max), max_sandboxes=max(levels) + 8,
                                      reuse=args.reuse)
         try:
@@ -244,7 +241,7 @@ def main() -> None:
                    "mean_latency_ms": s.by_policy["latency"].mean_latency_ms if "latency" in s.by_policy else None}
             result["levels"].append(lvl)
         p1 = OpenAIPolicy(base_url=srv.base_url, model=m1, name="model-only", concurrency=256, max_retries=2,
-                          timeout_s=30.0, temperature=0.0, http=args.http)
+                          timeout_s=30.0, temperature=0.0)
         backend = open_bench_backend(args.backend, pool=0, max_sandboxes=8)
         try:
             seq1 = asyncio.run(sequential(direct, p1, backend, max(args.seq, 10)))
@@ -269,7 +266,7 @@ def main() -> None:
 
     print(f"\nrollout benchmark: {args.backend} sandboxes{' (reused after a reset)' if args.reuse else ''}, "
           f"{args.turns} turns x {args.latency * 1000:.0f} ms model latency"
-          f"{f' (+-{args.jitter:.0%})' if args.jitter else ' (fixed: lockstep)'}, {args.waves} waves, {args.http}, "
+          f"{f' (+-{args.jitter:.0%})' if args.jitter else ' (fixed: lockstep)'}, {args.waves} waves, "
           f"{result['cpus']} cpus, load {result['loadavg_start'][0]:.1f}")
     print(f"sandbox churn: {result['sandbox_ceiling_per_s']:.2f} sandboxes/s (acquire + 1 call + close, 8 threads, "
           "warm pool of 8)")

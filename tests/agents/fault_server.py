@@ -14,6 +14,8 @@ in the request -- so retries of the same request see the fault end:
   e500:N / e503:N           500 / 503 with a JSON error body
   slow:N:SECONDS            sleep SECONDS before answering (past the client's timeout)
   drop:N                    close the connection without an answer
+  garbage:N                 200 with a body that is not JSON (a proxy's error page, a cut-off body)
+  nochoice                  200 with a JSON completion whose `choices` is empty
   always500                 500 forever
   badjson                   a tool call whose arguments are not valid JSON
   unknowntool               a tool call to a tool no task offers ("rm_rf")
@@ -177,6 +179,21 @@ class FaultServer:
                 h.connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            return
+        if kind == "garbage" and faulty:
+            record("garbage")
+            try:
+                h.send_response(200)
+                h.send_header("content-type", "text/html")
+                h.send_header("content-length", "21")
+                h.end_headers()
+                h.wfile.write(b"<html>gateway</html>\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return
+        if kind == "nochoice":
+            record("nochoice")
+            h._json(200, {"id": "x", "object": "chat.completion", "model": model, "choices": []})
             return
         if kind == "slow" and faulty:
             record("slow")

@@ -14,22 +14,12 @@ import time
 
 import pytest
 
-from agents.openai_policy import HTTP_STACKS, OpenAIPolicy, check_endpoint, parse_tool_call_text, retry_after_seconds
+from agents.openai_policy import OpenAIPolicy, check_endpoint, parse_tool_call_text, retry_after_seconds
 from agents.policy import EndpointError
 from agents.rollout import rollout
 
-_stack = {"http": "aiohttp"}
-
-
-@pytest.fixture(autouse=True, params=HTTP_STACKS)
-def http_stack(request):
-    """Every fault on both HTTP stacks under the OpenAI client (`policy` below builds with this one)."""
-    _stack["http"] = request.param
-    return request.param
-
 
 def policy(server, model: str, **kw) -> OpenAIPolicy:
-    kw.setdefault("http", _stack["http"])
     kw.setdefault("max_retries", 3)
     kw.setdefault("backoff_base_s", 0.05)
     kw.setdefault("timeout_s", 5.0)
@@ -97,6 +87,21 @@ def test_dropped_connections_are_retried(direct_server, direct_tasks, no_sandbox
     _, rows = run(direct_tasks, pol, no_sandbox)
     assert {r.verdict for r in rows} == {"pass"}
     assert direct_server.count("drop:2", "drop") == 8 and direct_server.count("drop:2", "ok") == 4
+
+
+def test_unreadable_2xx_bodies_are_retried(direct_server, direct_tasks, no_sandbox):
+    pol = policy(direct_server, "garbage:2")
+    _, rows = run(direct_tasks[:2], pol, no_sandbox)
+    assert [r.verdict for r in rows] == ["pass", "pass"]
+    assert direct_server.count("garbage:2", "garbage") == 4 and direct_server.count("garbage:2", "ok") == 2
+
+
+def test_a_completion_without_choices_is_model_error_not_retried(direct_server, direct_tasks, no_sandbox):
+    pol = policy(direct_server, "nochoice")
+    _, rows = run(direct_tasks[:2], pol, no_sandbox, infra_retries=2)
+    assert [r.verdict for r in rows] == ["model_error", "model_error"]
+    assert "returned no choices" in rows[0].error_message
+    assert direct_server.count("nochoice") == 2
 
 
 def test_endless_5xx_is_infra_error_with_bounded_retries(direct_server, direct_tasks, no_sandbox):
@@ -171,6 +176,10 @@ def test_parse_tool_call_text():
     assert parse_tool_call_text("Answer: 3") == ("Answer: 3", [])
 
 
-def test_unknown_http_stack_is_refused():
-    with pytest.raises(ValueError, match="http must be one of aiohttp, httpx, got 'requests'"):
-        OpenAIPolicy(base_url="http://127.0.0.1:1/v1", model="m", http="requests")
+def test_proxy_from_the_environment_read_once(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://10.9.9.9:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.example")
+    assert OpenAIPolicy(base_url="https://api.example.com/v1", model="m")._proxy == "http://10.9.9.9:3128"
+    assert OpenAIPolicy(base_url="https://internal.example/v1", model="m")._proxy is None
+    monkeypatch.delenv("HTTPS_PROXY")
+    assert OpenAIPolicy(base_url="https://api.example.com/v1", model="m")._proxy is None
