@@ -229,6 +229,15 @@ def _fork_failed(stderr: bytes | bytearray | str) -> bool:
             or "Cannot fork" in tail or "fork: retry" in tail or "can't start new thread" in tail)
 
 
+def _read_now(fd: int) -> str:
+    """The last 500 characters of what a pipe holds now (a helper's stderr, for error messages); never blocks."""
+    try:
+        os.set_blocking(fd, False)
+        return os.read(fd, 1 << 16).decode(errors="replace")[-500:]
+    except OSError:
+        return ""
+
+
 def _running(pid: int) -> bool:
     """Whether a host pid is a process that has not exited yet (gone, or a zombie waiting for its parent: no)."""
     try:
@@ -256,7 +265,6 @@ class LocalSandbox:
         self._owner = owner
         self._lock = threading.RLock()
         self._interp: InterpreterClient | None = None
-        self._interp_pid = 0  # the interpreter's pid inside the sandbox (a child of the zygote)
         self._interp_err = -1  # read end of the interpreter's original stderr (start-up errors land there)
         self._interp_out = -1
         self._zygote: socket.socket | None = None
@@ -677,20 +685,9 @@ class LocalSandbox:
                 raise SandboxError(f"expected one zygote process under its enter helper, found {len(zygotes)}")
             self._zygote_pid = zygotes[0]
         except (OSError, ValueError, SandboxError) as e:
-            detail = self._read_stderr(proc)
+            detail = _read_now(proc.stderr.fileno()) if proc.stderr is not None and not proc.stderr.closed else ""
             self._drop_zygote()
             raise SandboxError(f"{e} {detail}".strip()) from e
-
-    @staticmethod
-    def _read_stderr(proc: subprocess.Popen) -> str:
-        """Whatever a helper's stderr holds now (for error messages); never blocks."""
-        if proc.stderr is None or proc.stderr.closed:
-            return ""
-        try:
-            os.set_blocking(proc.stderr.fileno(), False)
-            return (proc.stderr.read() or b"").decode(errors="replace")[-500:]
-        except (OSError, ValueError):
-            return ""
 
     def _zygote_call(self, request: dict, fds: tuple[int, ...] = (), timeout_s: float = ZYGOTE_TIMEOUT_S) -> dict:
         """One request to the zygote; SandboxError when it is gone, silent past timeout_s, or answers an error."""
@@ -745,7 +742,7 @@ class LocalSandbox:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
         pid = int(reply["pid"])
-        self._interp_pid, self._interp_err = pid, err_r
+        self._interp_err = err_r
         stdin = os.fdopen(in_w, "wb")
 
         def kill() -> int | None:
@@ -766,7 +763,6 @@ class LocalSandbox:
             os.close(self._interp_err)
             self._interp_err = -1
         self._interp = None
-        self._interp_pid = 0
 
     def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         """Run code in this episode's persistent interpreter (globals kept across calls, like a notebook)."""
@@ -783,13 +779,7 @@ class LocalSandbox:
             assert self._interp is not None
             self._interp.wait_ready()
         except (OSError, SandboxError, InterpreterError) as e:
-            detail = ""
-            if self._interp_err >= 0:
-                try:
-                    os.set_blocking(self._interp_err, False)
-                    detail = os.read(self._interp_err, 4096).decode(errors="replace")[-500:]
-                except OSError:
-                    pass
+            detail = _read_now(self._interp_err) if self._interp_err >= 0 else ""
             self._drop_interpreter()
             return self._infra("starting the interpreter failed", SandboxError(f"{e} {detail}".strip()), t0)
         peak = [0]  # the most tasks the sandbox held while the cell ran (sampled only past WATCH_INTERVAL_S)
