@@ -37,7 +37,7 @@ KNOWN_ERRORS = (
     ("agents.policy", "PolicyError"), ("sandbox.result", "SandboxError"), ("tasks.suites", "UnknownSuiteError"),
     ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lake", "LakeError"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
-    ("warehouse.demos", "DemoImportError"), ("warehouse.mixing", "SnapshotError"),
+    ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
     ("training.registry", "RegistryError"), ("training.sft", "TrainingError"), ("training.tiny", "TinyModelError"),
 )
@@ -368,7 +368,7 @@ def demos_import(
     strict: Annotated[bool, typer.Option(help="Refuse the whole import if any record is malformed.")] = False,
 ) -> None:
     """Validate and import human demonstrations as rows with source human (idempotent)."""
-    from warehouse.demos import import_demos
+    from curate.demos import import_demos
 
     res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=strict)
     for e in res.errors:

@@ -23,7 +23,7 @@ from flows.concurrency import LimitsConfig
 from flows.serve import ServeConfig
 from sandbox.result import SandboxConfig
 from training.config import GRPOConfig, SFTConfig, TinyModelConfig
-from warehouse.curate_config import CurateConfig, CurriculumConfig
+from curate.config import CurateConfig, CurriculumConfig
 
 
 def _shipped_demos() -> list[str]:

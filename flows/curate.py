@@ -1,6 +1,6 @@
 """Prefect flow `curate`: filter, de-duplicate, decontaminate and mix a run's rows into a training snapshot.
 
-Wiring only: warehouse.curate does the work; the flow publishes the counts by source, verdict and drop reason as a
+Wiring only: curate.stage does the work; the flow publishes the counts by source, verdict and drop reason as a
 table artifact. The flywheel flow runs the same stage inside each round.
 """
 

@@ -79,7 +79,7 @@ def _metric(run_id: str, round: int, stage: str, subject: str, split: str, suite
 def score_rows(rows: list, *, run_id: str, round: int, stage: str, subject: str, split: str,
                k: int | None = None) -> list[dict[str, Any]]:
     """pass@1 (and pass@k when k > 1) per suite label and over all, from scored rows (infra_error excluded)."""
-    from warehouse.curriculum import pass_at_k
+    from curate.curriculum import pass_at_k
 
     by_suite: dict[str, list] = {}
     for r in rows:
@@ -210,7 +210,7 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
     student still fails (the curriculum)."""
     from agents.config import build_policy
     from sandbox.backend import open_backend
-    from warehouse.curriculum import plan_curriculum
+    from curate.curriculum import plan_curriculum
     from warehouse.lake import write_rows
 
     timer = StageTimer()
@@ -288,7 +288,7 @@ def _ahead(cfg_json: str, run_id: str, round: int) -> dict[str, Any]:
 
 @task(name="curate")
 def stage_curate(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
-    from warehouse.curate import curate
+    from curate.stage import curate
     from warehouse.lake import write_rows
 
     timer = StageTimer()
@@ -341,7 +341,7 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
     from sandbox.backend import open_backend
     from training.grpo import train_grpo
     from training.registry import model_dir, register_checkpoint
-    from warehouse.curriculum import plan_curriculum
+    from curate.curriculum import plan_curriculum
     from warehouse.lake import write_rows
 
     root = cfg.run.out

@@ -1,5 +1,5 @@
 """Shared fixtures: a real Prefect server on loopback for the whole session (started once, ~10 s), the project
-root, and the path of the `flywheel` console script in the venv."""
+root, the path of the `flywheel` console script in the venv, and a lake footer cache of its own for every test."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Keep the lake's footer cache of each test out of the user's home."""
+    monkeypatch.setenv("FLYWHEEL_CACHE_DIR", str(tmp_path_factory.mktemp("fw-cache")))
 
 
 def free_port() -> int:

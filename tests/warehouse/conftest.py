@@ -1,4 +1,4 @@
-"""Fixtures for the warehouse tests: a factory of small, valid trajectories and an isolated footer cache."""
+"""Fixtures for the warehouse tests: a factory of small, valid trajectories."""
 
 from __future__ import annotations
 
@@ -58,9 +58,3 @@ def make_trajectory(i: int, run_id: str = "run-a", round: int = 0, **over) -> Tr
 @pytest.fixture
 def traj():
     return make_trajectory
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Keep the footer cache of each test out of the user's home."""
-    monkeypatch.setenv("FLYWHEEL_CACHE_DIR", str(tmp_path_factory.mktemp("fw-cache")))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from warehouse.curate_config import MixConfig
+from curate.config import MixConfig
 from warehouse.record import Trajectory
 
 # Reasons a kept row is left out of the snapshot.

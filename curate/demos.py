@@ -9,7 +9,7 @@ Accepted inputs: a JSONL file (one record per line), a Parquet file (one record 
   task_id, suite, difficulty, split, author      optional provenance
   expected_answer  optional: when present the final 'Answer: N' is checked numerically (verdict pass or fail);
                    without it the demo is accepted as a pass and verifier_details_json says it was not checked.
-Validation (warehouse.filters.conversation_problems) names the record: file, line (JSONL, 1-based) or row
+Validation (curate.filters.conversation_problems) names the record: file, line (JSONL, 1-based) or row
 (Parquet/datasets, 0-based), and the field. Tool calls without ids answered by tool messages without
 tool_call_id are paired in order and given ids; a half-labelled pairing is an error.
 Rows get source "human" and deterministic ids (hash of run, round and normalised content), so importing the same
@@ -26,8 +26,8 @@ from typing import Any
 
 from tasks.tools import TOOLS
 from tasks.verify import extract_answer, numbers_match
-from warehouse.dedup import normalised
-from warehouse.filters import conversation_problems, tool_names
+from curate.dedup import normalised
+from curate.filters import conversation_problems, tool_names
 from warehouse.record import Message, Trajectory
 
 HUMAN_VERIFIER = "human"

@@ -14,8 +14,8 @@ import pytest
 
 from tasks import arithmetic
 from tasks.tools import PYTHON_TOOL
-from warehouse.curate import SELECTED, curate
-from warehouse.curate_config import (
+from curate.stage import SELECTED, curate
+from curate.config import (
     CurateConfig,
     CurriculumConfig,
     DecontamConfig,
@@ -24,12 +24,12 @@ from warehouse.curate_config import (
     MixConfig,
     config_hash,
 )
-from warehouse.curriculum import ALWAYS_FAILED, ALWAYS_PASSED, PassRecord, choose_tasks, pass_at_k, plan_curriculum
-from warehouse.decontam import CONTAMINATED, HELDOUT_TASK, Decontaminator, decontaminate
-from warehouse.dedup import DUP_EXACT, DUP_NEAR, content_hash, dedup_rows
-from warehouse.filters import filter_rows
+from curate.curriculum import ALWAYS_FAILED, ALWAYS_PASSED, PassRecord, choose_tasks, pass_at_k, plan_curriculum
+from curate.decontam import CONTAMINATED, HELDOUT_TASK, Decontaminator, decontaminate
+from curate.dedup import DUP_EXACT, DUP_NEAR, content_hash, dedup_rows
+from curate.filters import filter_rows
 from warehouse.lake import write_trajectories
-from warehouse.mixing import (
+from curate.mixing import (
     CAP_SUITE,
     CAP_TASK,
     SOURCE_SHARE,

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from math import comb
 
-from warehouse.curate_config import CurriculumConfig
+from curate.config import CurriculumConfig
 from warehouse.record import SCORED_VERDICTS
 
 ALWAYS_PASSED = "always_passed"

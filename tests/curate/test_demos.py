@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from warehouse.demos import DemoImportError, import_demos, load_demos
+from curate.demos import DemoImportError, import_demos, load_demos
 from warehouse.lake import existing_ids
 from warehouse.query import connect
 

@@ -18,8 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from tasks.spec import Task
-from warehouse.curate_config import DecontamConfig
-from warehouse.dedup import row_text, tokens
+from curate.config import DecontamConfig
+from curate.dedup import row_text, tokens
 from warehouse.record import Trajectory
 
 HELDOUT_TASK = "heldout_task"

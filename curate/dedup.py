@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from datasketch import MinHash, MinHashLSH
 
-from warehouse.curate_config import DedupConfig
+from curate.config import DedupConfig
 from warehouse.record import Message, Trajectory
 
 DUP_EXACT = "dup_exact"

@@ -22,12 +22,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tasks.spec import Task
-from warehouse.curate_config import CurateConfig, config_hash
-from warehouse.decontam import decontaminate
-from warehouse.dedup import dedup_rows
-from warehouse.demos import import_demos
-from warehouse.filters import filter_rows
-from warehouse.mixing import mix, write_snapshot
+from curate.config import CurateConfig, config_hash
+from curate.decontam import decontaminate
+from curate.dedup import dedup_rows
+from curate.demos import import_demos
+from curate.filters import filter_rows
+from curate.mixing import mix, write_snapshot
 from warehouse.record import Trajectory, from_dict
 
 SELECTED = "selected"

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from warehouse.curate_config import FilterConfig
+from curate.config import FilterConfig
 from warehouse.record import Trajectory
 
 # Drop reasons of the filters, in the order they are checked.
