@@ -284,6 +284,7 @@ async def run_episode(
         sandbox_image=sandbox_image,
         verifier=outcome.verifier if outcome else task.verifier.kind,
         verifier_version=outcome.verifier_version if outcome else "",
+        verifier_strength=outcome.verifier_strength if outcome else None,
         messages=messages,
         tools_json=json.dumps(tools),  # as offered: key order is part of the prompt the model saw
         answer=outcome.answer if outcome else extract_answer(messages),

@@ -43,6 +43,9 @@ class VerifierSpec(BaseModel):
     solution_path: str = Field(default="solution.py",
                                description="Workspace file holding the agent's code (unit_tests verifier).")
     timeout_s: float = Field(default=5.0, gt=0, description="Wall-clock limit of one test (unit_tests verifier).")
+    float_tolerance: float = Field(
+        default=0.0, ge=0, description="Unit tests: relative/absolute tolerance for floats in `f(...) == EXPECTED` "
+                                       "checks, applied on the host; 0 compares exactly, as the test's own `==`.")
     rubric: str | None = Field(default=None, description="What a good answer must do (llm_judge verifier).")
 
     @model_validator(mode="after")

@@ -1,19 +1,15 @@
-"""The unit-test harness that runs INSIDE a sandbox (standard library only; sent as `python3 -I -c SOURCE`).
+"""The harness of the agent's `run_tests` tool, run INSIDE the episode's sandbox (standard library only; sent as
+`python3 -I -c SOURCE`).
 
 It reads one JSON request on stdin and prints one line `__FLYWHEEL_TESTS__ {json}` carrying the request's token.
-The harness itself never imports the agent's code. It starts one worker interpreter that imports the code under
-test once, then forks one process per test (own process group, wall-clock limit, killed as a group afterwards), so
-a crash, exit or hang of one test cannot report for another, and no test pays an interpreter start. A test reports
-through a private pipe, exactly once; the worker reports how each test process ended. No report, two reports, a
-SystemExit or a changed `builtins` are recorded as events and never count as a pass.
-
-Modes:
-- payload: `files` are written to a fresh temp folder and each `tests[i].code` snippet runs in a copy of the
-  namespace of module `module` (the verifier's mode: pristine tests, the agent's solution files only).
-- workspace: `test_*.py` files in the current folder are parsed (not imported) for top-level `test_*` functions and
-  each function runs in its own test process (the agent's `run_tests` tool; a file that does not parse is one
-  failing test).
-This module does not decide rewards; tasks/verify.py reads its output fail-closed.
+`test_*.py` files in the current folder are parsed (not imported) for top-level `test_*` functions; the harness
+starts one worker interpreter that imports the test modules once, then forks one process per test (own process
+group, wall-clock limit, killed as a group afterwards), so a crash, exit or hang of one test cannot report for
+another. A test reports through a private pipe, exactly once; the worker reports how each test process ended. A
+file that does not parse is one failing test. No report, two reports, a SystemExit or a changed `builtins` are
+recorded as events and never count as a pass.
+This is feedback for the agent only: verdicts come from tasks/unittests.py (the judge's data and isolated paths),
+which never uses this harness.
 """
 
 import ast
@@ -22,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 MARKER = "__FLYWHEEL_TESTS__"
@@ -73,12 +68,7 @@ for _i, _t in enumerate(_tests):
     if _pid == 0:
         try:
             os.setpgid(0, 0)
-            if _t["kind"] == "snippet":
-                _ns = dict(vars(_mod))
-                _ns["__name__"] = "__flywheel_test__"
-                exec(compile(_t["code"], "<test " + _t["name"] + ">", "exec"), _ns)
-            else:
-                getattr(_mod, _t["func"])()
+            getattr(_mod, _t["func"])()
         except SystemExit as e:
             _report(_i, "result", status="fail", error="SystemExit(%r) raised during the test" % (e.code,),
                     events=["system_exit"] + _patched())
@@ -167,7 +157,7 @@ def _drain(fd, proc, deadline, ready_deadline, token):
 
 
 def run_tests(workdir, tests, token, timeout_s):
-    """tests: [{"name", "kind": "snippet"|"function", "module", "code"|"func"}] -> one result dict per test."""
+    """tests: [{"name", "module", "func"}] -> one result dict per test."""
     r, w = os.pipe()
     proc = subprocess.Popen([sys.executable, "-I", "-c", WORKER, workdir, str(w)], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,),
@@ -258,26 +248,14 @@ def main():
     req = json.loads(sys.stdin.read())
     token = req["token"]
     timeout_s = float(req.get("timeout_s", 5.0))
-    if req["mode"] == "payload":
-        workdir = tempfile.mkdtemp(prefix="fwtests-")
-        for rel, content in req["files"].items():
-            path = os.path.join(workdir, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(content)
-        tests = [{"name": t["name"], "kind": "snippet", "module": req["module"], "code": t["code"]}
-                 for t in req["tests"]]
-        results = run_tests(workdir, tests, token, timeout_s) if tests else []
-    else:
-        workdir = os.getcwd()
-        found = discover(workdir)
-        runnable = [{"name": n, "kind": "function", "module": m, "func": f} for n, m, f in found if m is not None]
-        ran = iter(run_tests(workdir, runnable, token, timeout_s) if runnable else [])
-        results = [next(ran) if m is not None else
-                   {"name": n, "status": "error", "error": f, "events": [], "returncode": None}
-                   for n, m, f in found]
-    n_tests = len(results)
-    sys.stdout.write(MARKER + " " + json.dumps({"token": token, "n_tests": n_tests, "results": results}) + "\n")
+    workdir = os.getcwd()
+    found = discover(workdir)
+    runnable = [{"name": n, "module": m, "func": f} for n, m, f in found if m is not None]
+    ran = iter(run_tests(workdir, runnable, token, timeout_s) if runnable else [])
+    results = [next(ran) if m is not None else
+               {"name": n, "status": "error", "error": f, "events": [], "returncode": None}
+               for n, m, f in found]
+    sys.stdout.write(MARKER + " " + json.dumps({"token": token, "n_tests": len(results), "results": results}) + "\n")
     sys.stdout.flush()
 
 

@@ -1,11 +1,18 @@
-"""Run a task's unit tests fail-closed in a FRESH sandbox, and rebuild an agent's workspace by replay.
+"""Run a task's unit tests fail-closed in a FRESH sandbox, where the judge never runs beside the solution.
 
-`run_unit_tests` acquires a new sandbox from the backend, sends the agent's solution files (never its test files)
-plus the pristine visible and hidden tests from the Task to tasks/testrunner.py on stdin, and reads the one report
-line carrying a random token. Anything short of one result per test (no report, a bad token, fewer results, an
-empty test list, a harness timeout) is a failure, never a pass. Infrastructure failures raise VerifierUnavailable.
-`replay_workspace` re-runs an episode's tool calls in a fresh sandbox to recover its final workspace when only the
-messages are at hand (re-judging stored trajectories). This module computes no reward and no forensics.
+`run_unit_tests` acquires a new sandbox and judges the agent's solution files (never its test files) against the
+task's pristine visible and hidden tests on one of two paths, chosen per test:
+- data (tasks/testsplit.py): a test made of asserts over calls with constant arguments is split on the host; the
+  sandbox only evaluates the calls (tasks/judgebox.py's call server, a fork per call after one import) and sends
+  each result back in plaindata's strict encoding; the host decodes plain values and evaluates the asserts. The
+  expected values never enter the sandbox, so there is nothing in it to forge.
+- isolated: any other test runs in judgebox's runner, a non-dumpable process that never imports the solution and
+  reaches it only through proxies to a child call server; its report counts only with the per-run secret the
+  host gave it and exit status 0.
+Anything short of one result per test (no report, a bad token or secret, an empty test list, a harness timeout)
+is a failure, never a pass. Infrastructure failures raise VerifierUnavailable. `replay_workspace` rebuilds an
+agent's final workspace from its tool calls when only the messages are at hand: on the host when the episode only
+wrote and read files, else in a fresh sandbox. This module computes no reward and no forensics.
 """
 
 from __future__ import annotations
@@ -13,20 +20,23 @@ from __future__ import annotations
 import json
 import posixpath
 import secrets
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sandbox.result import Backend, SandboxError
+from sandbox.result import Backend, Sandbox, SandboxError
+from tasks import plaindata, testsplit
 from tasks.spec import Task
 from tasks.tools import (
     ToolArgumentError,
     WorkspaceSnapshot,
     parse_arguments,
-    parse_runner_output,
     prepare_workspace,
+    pristine_snapshot,
     run_tool,
-    runner_source,
+    workspace_path,
     workspace_snapshot,
 )
 from warehouse.record import Message
@@ -49,7 +59,12 @@ class TestResult(BaseModel):
     hidden: bool
     status: str = Field(description="pass, fail, error, timeout or no_result.")
     error: str | None = None
-    events: list[str] = Field(default_factory=list, description="Runtime evidence: system_exit, builtins_patched…")
+    events: list[str] = Field(default_factory=list,
+                              description="Runtime evidence: system_exit, builtins_patched, not_plain_data…")
+    strength: str = Field(default="data", description="data: the host compared plain results; isolated: the "
+                                                       "runner judged apart from the solution.")
+    expected: str | None = Field(default=None, description="Short repr of the expected value (data path).")
+    got: str | None = Field(default=None, description="Short repr of the value the call returned (data path).")
 
 
 class TestRun(BaseModel):
@@ -65,6 +80,11 @@ class TestRun(BaseModel):
     def passed(self) -> bool:
         return (self.harness_error is None and self.expected > 0 and len(self.results) == self.expected
                 and all(r.status == "pass" for r in self.results))
+
+    @property
+    def strength(self) -> str:
+        """The weakest path that judged a test: "isolated" if any test ran there, else "data"."""
+        return "isolated" if any(r.strength == "isolated" for r in self.results) else "data"
 
     def counts(self) -> dict[str, int]:
         vis = [r for r in self.results if not r.hidden]
@@ -84,10 +104,14 @@ def pristine_test_paths(task: Task) -> list[str]:
 
 
 def solution_files(task: Task, workspace: WorkspaceSnapshot) -> dict[str, str]:
-    """The agent's code the verifier copies: .py files of the workspace except test files and conftest-like files."""
+    """What the verifier copies: the workspace's text files except test files and conftest-like files.
+
+    Data files the task ships or the agent wrote travel too (a solution may read them); test files never do, so
+    the pristine tests are the only ones that judge.
+    """
     out = {}
     for path, st in workspace.files.items():
-        if not path.endswith(".py") or is_test_path(path) or posixpath.basename(path) in CONFTEST_NAMES:
+        if is_test_path(path) or posixpath.basename(path) in CONFTEST_NAMES or path.endswith((".pyc", ".pyo")):
             continue
         if st.text is not None:
             out[path] = st.text
@@ -98,55 +122,221 @@ def _module_name(solution_path: str) -> str:
     return solution_path[:-3].replace("/", ".") if solution_path.endswith(".py") else solution_path
 
 
+@cache
+def _source(role: str) -> str:
+    """plaindata + judgebox as one program that starts `role` (serve or runner)."""
+    here = Path(__file__).parent
+    return "\n".join([(here / "plaindata.py").read_text(), (here / "judgebox.py").read_text(), f"{role}()\n"])
+
+
+JUDGE_MARKER = "__FLYWHEEL_JUDGE__"
+
+
+def _replies(stdout: str, token: str) -> list[dict[str, Any]]:
+    out = []
+    for line in stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(msg, dict) and msg.get("token") == token:
+            out.append(msg)
+    return out
+
+
+def _exec(sandbox: Sandbox, role: str, request: dict[str, Any], budget: float):
+    try:
+        res = sandbox.exec(["python3", "-I", "-c", _source(role)], stdin=(json.dumps(request) + "\n").encode(),
+                           timeout_s=budget)
+    except SandboxError as e:
+        raise VerifierUnavailable(f"the test sandbox failed: {type(e).__name__}: {e}") from e
+    if res.verdict == "infra_error":
+        raise VerifierUnavailable(f"the test sandbox failed: {res.error}")
+    return res
+
+
+def _data_path(sandbox: Sandbox, task: Task, files: dict[str, str], plans: dict[int, testsplit.Plan],
+               tests: list[tuple[str, str, bool]]) -> dict[int, TestResult]:
+    """Tests whose plans split: the calls run in the sandbox, the checks on the host."""
+    calls: list[dict[str, Any]] = []
+    offset: dict[int, int] = {}
+    for ti, pl in plans.items():
+        offset[ti] = len(calls)
+        calls += [{"func": c.func, "args": plaindata.encode(c.args), "kwargs": plaindata.encode(c.kwargs)}
+                  for c in pl.calls]
+    token = secrets.token_hex(16)
+    timeout = task.verifier.timeout_s
+    req = {"mode": "batch", "token": token, "files": files, "module": _module_name(task.verifier.solution_path),
+           "timeout_s": timeout, "calls": calls}
+    res = _exec(sandbox, "serve", req, len(calls) * (timeout + 1.0) + 10.0)
+    replies = _replies(res.stdout, token)
+    ready = [m for m in replies if m.get("kind") == "ready"]
+    by_call: dict[int, list[dict[str, Any]]] = {}
+    for m in replies:
+        if m.get("kind") == "call" and isinstance(m.get("i"), int):
+            by_call.setdefault(m["i"], []).append(m)
+    out: dict[int, TestResult] = {}
+    for ti, pl in plans.items():
+        name, _, hidden = tests[ti]
+        r = TestResult(name=name, hidden=hidden, status="pass", strength="data")
+        if len(ready) != 1:
+            r.status, r.error = "no_result", (f"the call server gave no start report (verdict {res.verdict}, exit "
+                                              f"{res.exit_code}): {(res.stderr or '')[-300:]}")
+            out[ti] = r
+            continue
+        results: dict[int, Any] = {}
+        for k in range(len(pl.calls)):
+            got = by_call.get(offset[ti] + k, [])
+            if len(got) != 1:
+                r.status = "no_result" if not got else "error"
+                r.error = (f"no result for call {k + 1} ({pl.calls[k].func}) from the call server (verdict "
+                           f"{res.verdict})" if not got else f"call {k + 1} was answered {len(got)} times")
+                if got:
+                    r.events.append("result_forged")
+                break
+            m = got[0]
+            r.events.extend(str(e) for e in m.get("events") or [] if str(e) not in r.events)
+            if m.get("status") == "ok":
+                try:
+                    results[k] = plaindata.decode(m.get("value"))
+                    continue
+                except (ValueError, TypeError, OverflowError) as e:
+                    r.status, r.error = "error", f"call {k + 1} returned a malformed encoding: {e}"
+                    break
+            status = m.get("status")
+            r.status = {"not_plain": "fail", "timeout": "timeout", "no_result": "no_result"}.get(status, "error")
+            r.error = f"{pl.calls[k].func}(...): {str(m.get('error'))[-600:]}"
+            break
+        if r.status == "pass":
+            _evaluate(r, pl, results, tolerance=task.verifier.float_tolerance)
+        out[ti] = r
+    return out
+
+
+def _evaluate(r: TestResult, pl: testsplit.Plan, results: dict[int, Any], tolerance: float) -> None:
+    for ch in pl.checks:
+        try:
+            ok = testsplit.evaluate(ch, results, pl.env, tolerance)
+        except Exception as e:  # noqa: BLE001 - the assert's own error on plain values is the test's error
+            r.status, r.error = "error", f"assert {ch.source}: {type(e).__name__}: {e}"
+            return
+        if not ok:
+            r.status, r.error = "fail", f"assert {ch.source} failed"
+            if ch.compare is not None:
+                r.expected = plaindata.short(ch.compare[1])
+                r.got = plaindata.short(results[ch.compare[0]])
+            return
+
+
+def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: list[int],
+                   tests: list[tuple[str, str, bool]]) -> dict[int, TestResult]:
+    """Tests that do not split: judgebox's runner, apart from the solution, reports with the run's secret."""
+    token, secret = secrets.token_hex(16), secrets.token_hex(32)
+    timeout = task.verifier.timeout_s
+    req = {"token": token, "secret": secret, "files": files, "module": _module_name(task.verifier.solution_path),
+           "timeout_s": timeout, "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which],
+           "server_source": _source("serve")}
+    res = _exec(sandbox, "runner", req, len(which) * (4 * timeout + 5.0) + 15.0)
+    report = None
+    for line in reversed(res.stdout.splitlines()):
+        if line.startswith(JUDGE_MARKER + " "):
+            try:
+                report = json.loads(line[len(JUDGE_MARKER) + 1:])
+            except ValueError:
+                report = None
+            break
+    ok = (isinstance(report, dict) and secrets.compare_digest(str(report.get("secret")), secret)
+          and report.get("token") == token and res.exit_code == 0 and isinstance(report.get("results"), list)
+          and len(report["results"]) == len(which))
+    out: dict[int, TestResult] = {}
+    for k, ti in enumerate(which):
+        name, _, hidden = tests[ti]
+        if not ok:
+            out[ti] = TestResult(name=name, hidden=hidden, status="no_result", strength="isolated",
+                                 error=f"no valid report from the isolated runner (verdict {res.verdict}, exit "
+                                       f"{res.exit_code}): {(res.stderr or '')[-300:]}")
+            continue
+        raw = report["results"][k]
+        status = str(raw.get("status")) if isinstance(raw, dict) else "error"
+        if status not in ("pass", "fail", "error", "timeout", "no_result"):
+            status = "error"
+        out[ti] = TestResult(name=name, hidden=hidden, status=status, strength="isolated",
+                             error=raw.get("error") if isinstance(raw, dict) else "malformed result",
+                             events=[str(e) for e in (raw.get("events") or [])] if isinstance(raw, dict) else [])
+        if not report.get("guarded"):
+            out[ti].events.append("runner_not_guarded")
+    return out
+
+
 def run_unit_tests(task: Task, files: dict[str, str], backend: Backend) -> TestRun:
-    """Visible then hidden tests of `task` against `files` (the agent's code) in a fresh sandbox."""
-    tests = ([{"name": f"visible_{i}", "code": c} for i, c in enumerate(task.visible_tests, 1)]
-             + [{"name": f"hidden_{i}", "code": c} for i, c in enumerate(task.hidden_tests, 1)])
-    n_visible = len(task.visible_tests)
+    """Visible then hidden tests of `task` against `files` (the agent's code) in one fresh sandbox."""
+    tests = ([(f"visible_{i}", c, False) for i, c in enumerate(task.visible_tests, 1)]
+             + [(f"hidden_{i}", c, True) for i, c in enumerate(task.hidden_tests, 1)])
     if not tests:
         return TestRun(expected=0, harness_error="the task has no tests; an empty test list never passes")
     if task.verifier.solution_path not in files:
         return TestRun(expected=len(tests), harness_error=f"{task.verifier.solution_path} is missing from the "
                                                           "workspace")
-    token = secrets.token_hex(16)
-    payload = {"mode": "payload", "token": token, "files": files, "tests": tests,
-               "module": _module_name(task.verifier.solution_path), "timeout_s": task.verifier.timeout_s}
-    budget = len(tests) * (task.verifier.timeout_s + 1.0) + 10.0
+    module = _module_name(task.verifier.solution_path)
+    entry = task.metadata.get("entry_point")
+    entries = (entry,) if isinstance(entry, str) and entry else ()
+    plans = {}
+    for i, (_, code, _) in enumerate(tests):
+        pl = testsplit.plan(code, module=module, entry_points=entries)
+        if pl is not None:
+            plans[i] = pl
+    isolated = [i for i in range(len(tests)) if i not in plans]
     try:
         sandbox = backend.acquire()
     except SandboxError as e:
         raise VerifierUnavailable(f"cannot acquire a sandbox for the tests: {type(e).__name__}: {e}") from e
     try:
-        res = sandbox.exec(["python3", "-I", "-c", runner_source()], stdin=json.dumps(payload).encode(),
-                           timeout_s=budget)
-    except SandboxError as e:
-        raise VerifierUnavailable(f"the test sandbox failed: {type(e).__name__}: {e}") from e
+        done = _data_path(sandbox, task, files, plans, tests) if plans else {}
+        if isolated:
+            done.update(_isolated_path(sandbox, task, files, isolated, tests))
     finally:
         try:
             sandbox.close()
         except SandboxError:
             pass
-    if res.verdict == "infra_error":
-        raise VerifierUnavailable(f"the test sandbox failed: {res.error}")
-    report = parse_runner_output(res.stdout, token)
-    if report is None:
-        return TestRun(expected=len(tests), harness_error=f"no valid report from the test harness (verdict "
-                       f"{res.verdict}, exit {res.exit_code}): {(res.stderr or '')[-300:]}")
-    run = TestRun(expected=len(tests))
-    raw: list[dict[str, Any]] = report["results"]
-    if report.get("n_tests") != len(tests) or len(raw) != len(tests):
-        run.harness_error = f"expected {len(tests)} results, got {len(raw)}"
-    for i, r in enumerate(raw[:len(tests)]):
-        if not isinstance(r, dict):
-            run.harness_error = f"result {i} is not an object"
+    return TestRun(expected=len(tests), results=[done[i] for i in range(len(tests))])
+
+
+_FILE_ONLY_TOOLS = frozenset({"write_file", "read_file"})
+
+
+def _replay_on_host(task: Task, messages: list[Message]) -> WorkspaceSnapshot | None:
+    """The final workspace of an episode that only wrote and read files, computed here; None if it ran code."""
+    files = dict(task.files)
+    for m in messages:
+        if m.role != "assistant" or not m.tool_calls:
             continue
-        run.results.append(TestResult(name=str(r.get("name")), hidden=i >= n_visible, status=str(r.get("status")),
-                                      error=r.get("error"), events=[str(e) for e in r.get("events") or []]))
-    return run
+        for tc in m.tool_calls:
+            name = tc.function.name
+            if name not in task.tools or name == "run_tests":
+                continue
+            if name not in _FILE_ONLY_TOOLS:
+                return None
+            try:
+                args = parse_arguments(name, tc.function.arguments)
+            except ToolArgumentError:
+                continue
+            rel = workspace_path(args["path"])
+            if name == "write_file" and rel is not None:
+                if any(rel == p or rel.startswith(p + "/") or p.startswith(rel + "/") for p in files if p != rel):
+                    return None  # a file where a folder is (or the reverse): let a real sandbox say what happens
+                files[rel] = args["content"]
+    return pristine_snapshot(files)
 
 
 def replay_workspace(task: Task, messages: list[Message], backend: Backend) -> WorkspaceSnapshot:
-    """Re-run the episode's well-formed tool calls (except run_tests) in a fresh sandbox; snapshot the workspace."""
+    """The episode's final workspace: on the host when it only wrote/read files, else by re-running its
+    well-formed tool calls (except run_tests) in a fresh sandbox and taking a snapshot."""
+    host = _replay_on_host(task, messages)
+    if host is not None:
+        return host
     try:
         sandbox = backend.acquire()
     except SandboxError as e:

@@ -38,7 +38,7 @@ __all__ = ["Outcome", "verify", "verify_numeric", "extract_answer", "numbers_mat
            "VerifierUnavailable", "VERIFIER_VERSIONS"]
 
 NUMERIC_VERIFIER_VERSION = "1"
-UNIT_TESTS_VERIFIER_VERSION = "1"
+UNIT_TESTS_VERIFIER_VERSION = "2"  # 2: the data and isolated paths
 VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
                      "llm_judge": "1"}
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*\$?\s*(-?[\d,]*\.?\d+(?:[eE][-+]?\d+)?)", re.IGNORECASE)
@@ -54,6 +54,7 @@ class Outcome(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
     verifier: str
     verifier_version: str
+    verifier_strength: str | None = Field(default=None, description="data, isolated or llm (see the record).")
 
 
 def extract_answer(messages: list[Message]) -> str | None:
@@ -83,7 +84,8 @@ def verify_numeric(task: Task, messages: list[Message]) -> Outcome:
     if expected is None:
         details["error"] = "task has no expected answer"
     return Outcome(verdict="pass" if ok else "fail", reward=1.0 if ok else 0.0, success=ok, answer=answer,
-                   details=details, verifier="numeric", verifier_version=NUMERIC_VERIFIER_VERSION)
+                   details=details, verifier="numeric", verifier_version=NUMERIC_VERIFIER_VERSION,
+                   verifier_strength="data")
 
 
 def _verify_unit_tests(task: Task, messages: list[Message], backend: Backend | None,
@@ -111,8 +113,11 @@ def _verify_unit_tests(task: Task, messages: list[Message], backend: Backend | N
         if run.harness_error:
             details["error"] = run.harness_error
     ok = run is not None and run.passed
+    if run is not None:
+        details["strength"] = run.strength
     return (Outcome(verdict="pass" if ok else "fail", reward=1.0 if ok else 0.0, success=ok, details=details,
-                    verifier="unit_tests", verifier_version=UNIT_TESTS_VERIFIER_VERSION), workspace, run)
+                    verifier="unit_tests", verifier_version=UNIT_TESTS_VERIFIER_VERSION,
+                    verifier_strength=run.strength if run is not None else None), workspace, run)
 
 
 def verify(task: Task, messages: list[Message], *, backend: Backend | None = None,
@@ -138,7 +143,7 @@ def verify(task: Task, messages: list[Message], *, backend: Backend | None = Non
         jr = judge(task, messages, judge_config)
         outcome = Outcome(verdict="pass" if jr.passed else "fail", reward=1.0 if jr.passed else 0.0,
                           success=jr.passed, details={"judge_reply": jr.reply[-2000:], "error": jr.error},
-                          verifier="llm_judge", verifier_version=JUDGE_VERSION)
+                          verifier="llm_judge", verifier_version=JUDGE_VERSION, verifier_strength="llm")
     else:  # pragma: no cover - the spec's Literal forbids it
         raise VerifierError(f"verifier kind {kind!r} is not implemented")
     findings = inspect_episode(task, messages, workspace=workspace, tests=run)

@@ -14,6 +14,8 @@ calls them when the model emits tool calls. Here:
   whatever else it did; an infrastructure failure scores None (TRL leaves it out) and is counted, never 0. A turn
   whose text holds a `<tool_call>` block TRL could not parse (bad JSON) is a `model_error` scoring 0, as the episode
   loop judges it -- not a `no_tool_use` hack, which is what the verifier would see in a call that never ran.
+  With `strengths` set (GRPOConfig.reward_strengths), a verdict reached on another path (an `isolated` test run
+  when only `data` is trusted) scores None too, counted as `weak_verdict`.
 
 This module does not start training (grpo.py) or choose tasks.
 """
@@ -193,11 +195,13 @@ class EpisodeReward:
 
     __name__ = "verifier"
 
-    def __init__(self, backend: Backend | None = None, rewards: Any = None) -> None:
+    def __init__(self, backend: Backend | None = None, rewards: Any = None,
+                 strengths: tuple[str, ...] | None = None) -> None:
         self.backend = backend
         self.rewards = rewards
+        self.strengths = strengths  # verdict strengths whose reward counts; None: every strength
         self.stats = {"episodes": 0, "pass": 0, "fail": 0, "hack": 0, "model_error": 0, "infra": 0,
-                      "hack_positive": 0}
+                      "hack_positive": 0, "weak_verdict": 0}
         self.last_verdicts: list[str] = []
         self.history: list[dict[str, Any]] = []
 
@@ -242,6 +246,11 @@ class EpisodeReward:
                 env._close()
                 continue
             env._close()
+            if self.strengths is not None and outcome.verifier_strength not in self.strengths:
+                self.stats["weak_verdict"] += 1  # judged by a path the config does not trust for rewards: left out
+                self.last_verdicts.append("weak_verdict")
+                rewards.append(None)
+                continue
             reward = 0.0 if (outcome.verdict == "hack" or outcome.hack_flags) else float(outcome.reward)
             verdict = "hack" if outcome.hack_flags else outcome.verdict
             self.stats[verdict if verdict in ("pass", "fail", "hack") else "fail"] += 1

@@ -139,7 +139,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(str(model_path))
-    reward_fn = EpisodeReward(backend=backend, rewards=rewards)
+    reward_fn = EpisodeReward(backend=backend, rewards=rewards, strengths=tuple(cfg.reward_strengths))
     check = UpdateCheck() if cfg.update_check else None
     diag = DiagnosticsCallback(thresholds, update_check=check)
     cuda = torch.cuda.is_available()

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: verifier_strength
 
 Verdict = Literal["pass", "fail", "hack", "model_error", "timeout", "infra_error"]
 VERDICTS: tuple[str, ...] = ("pass", "fail", "hack", "model_error", "timeout", "infra_error")
@@ -84,6 +84,10 @@ class Trajectory(BaseModel):
     sandbox_image: str | None = Field(default=None, description="Image id/digest the episode ran in.")
     verifier: str
     verifier_version: str
+    verifier_strength: str | None = Field(
+        default=None, description="How the verdict was reached: 'data' (plain results or answers compared outside "
+                                  "the sandbox), 'isolated' (a test runner apart from the solution), 'llm' (an LLM "
+                                  "judge); None for rows written before schema 2 or never judged.")
     # conversation
     messages: list[Message]
     tools_json: str = Field(default="[]", description="Tool schemas offered to the policy (JSON list).")
@@ -149,6 +153,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("sandbox_image", pa.string()),
         ("verifier", pa.string()),
         ("verifier_version", pa.string()),
+        ("verifier_strength", pa.string()),
         ("messages", pa.list_(MESSAGE_TYPE)),
         ("tools_json", pa.string()),
         ("answer", pa.string()),

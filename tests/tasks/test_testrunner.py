@@ -1,12 +1,14 @@
-"""The in-sandbox test harness (tasks/testrunner.py) run directly with this machine's python3: each hostile
-solution must come back as a non-pass with the right runtime event, and a pass must need a real report.
-(Its isolation comes from the sandbox; here only its bookkeeping is under test.)"""
+"""The `run_tests` tool's harness (tasks/testrunner.py) run directly with this machine's python3 over a workspace
+folder: each hostile solution must come back as a non-pass with the right runtime event, and a pass must need a
+real report. (Its isolation comes from the sandbox; here only its bookkeeping is under test. Verdicts never come
+from this harness: see test_judgebox.py.)"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +16,18 @@ from tasks.tools import parse_runner_output, runner_source
 
 
 def run_harness(files: dict[str, str], tests: list[str], timeout_s: float = 3.0, token: str = "tok123") -> dict:
-    req = {"mode": "payload", "token": token, "files": files, "module": "solution", "timeout_s": timeout_s,
-           "tests": [{"name": f"t{i}", "code": c} for i, c in enumerate(tests)]}
+    """Write `files` and one test file (a test function per snippet) to a fresh folder and run the harness there."""
+    import tempfile
+
+    from tasks.code import render_test_file
+
+    work = Path(tempfile.mkdtemp(prefix="fw-harness-"))
+    for rel, content in files.items():
+        (work / rel).write_text(content)
+    (work / "test_t.py").write_text(render_test_file(tests))
+    req = {"mode": "workspace", "token": token, "timeout_s": timeout_s}
     p = subprocess.run([sys.executable, "-I", "-c", runner_source()], input=json.dumps(req).encode(),
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60, cwd=work)
     rep = parse_runner_output(p.stdout.decode(), token)
     assert rep is not None, p.stderr.decode()
     return rep
@@ -34,10 +44,10 @@ def test_pass_and_fail_are_reported_per_test():
     assert "AssertionError" in rep["results"][1]["error"]
 
 
-def test_wrong_token_is_not_a_report():
-    req = {"mode": "payload", "token": "a", "files": {"solution.py": ""}, "module": "solution", "tests": []}
+def test_wrong_token_is_not_a_report(tmp_path):
+    req = {"mode": "workspace", "token": "a"}
     p = subprocess.run([sys.executable, "-I", "-c", runner_source()], input=json.dumps(req).encode(),
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60, cwd=tmp_path)
     assert parse_runner_output(p.stdout.decode(), "b") is None
     assert parse_runner_output("garbage\n__FLYWHEEL_TESTS__ {not json", "a") is None
 

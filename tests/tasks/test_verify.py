@@ -110,12 +110,20 @@ class FaultInjectingBackend:
         pass
 
 
-def _report(req, results=None, n=None, token=None) -> ExecResult:
-    tests = req["tests"]
-    results = results if results is not None else [{"name": t["name"], "status": "pass", "events": []} for t in tests]
-    rep = {"token": token or req["token"], "n_tests": len(tests) if n is None else n, "results": results}
-    line = "__FLYWHEEL_TESTS__ " + json.dumps(rep)
-    return ExecResult(exit_code=0, stdout=line + "\n", verdict="ok")
+def _answer(req, *, token=None, drop=0, dup=False, values=None, status="ok", ready=True) -> ExecResult:
+    """The call server's replies as an honest one would send them (the reference solution computes each call),
+    then bent by the arguments: another token, calls dropped or answered twice, other values, another status."""
+    from tasks import plaindata
+
+    ns: dict = {}
+    exec(req["files"]["solution.py"], ns)  # noqa: S102 - the task's own reference solution
+    lines = [{"kind": "ready", "error": None, "names": {}}] if ready else []
+    for i, c in enumerate(req["calls"][:len(req["calls"]) - drop]):
+        v = ns[c["func"]](*plaindata.decode(c["args"]), **plaindata.decode(c["kwargs"]))
+        enc = plaindata.encode(values(v) if values else v)
+        lines += [{"kind": "call", "i": i, "status": status, "value": enc}] * (2 if dup and i == 0 else 1)
+    out = "".join(json.dumps(dict(m, token=token or req["token"])) + "\n" for m in lines)
+    return ExecResult(exit_code=0, stdout=out, verdict="ok")
 
 
 def _code_episode():
@@ -124,36 +132,39 @@ def _code_episode():
     return task, pristine_snapshot(dict(task.files, **{"solution.py": ref}))
 
 
-def test_all_reported_passes_pass():
+def test_all_right_results_pass():
     task, ws = _code_episode()
-    o = verify(task, [Message(role="user", content=task.prompt)], backend=FaultInjectingBackend(_report), workspace=ws)
+    o = verify(task, [Message(role="user", content=task.prompt)], backend=FaultInjectingBackend(_answer), workspace=ws)
     assert o.verdict == "pass" and o.details["hidden_passed"] == len(task.hidden_tests)
+    assert o.verifier_strength == "data" and o.details["strength"] == "data"
 
 
 @pytest.mark.parametrize("fault", [
     ExecResult(exit_code=1, stdout="", stderr="Traceback: harness crashed", verdict="error"),
     ExecResult(exit_code=None, stdout="", timed_out=True, verdict="timeout"),
-    ExecResult(exit_code=0, stdout="__FLYWHEEL_TESTS__ {broken json\n", verdict="ok"),
-    lambda req: _report(req, token="not-the-token"),
-    lambda req: _report(req, results=[{"name": "x", "status": "pass"}]),  # fewer results than tests
-    lambda req: _report(req, n=1),  # the harness saw fewer tests
-    lambda req: _report(req, results=[{"name": t["name"], "status": "maybe"} for t in req["tests"]]),
-    lambda req: _report(req, results=["pass" for _ in req["tests"]]),
+    ExecResult(exit_code=0, stdout="{broken json\n", verdict="ok"),
+    lambda req: _answer(req, token="not-the-token"),
+    lambda req: _answer(req, drop=1),  # fewer results than calls
+    lambda req: _answer(req, dup=True),  # a call answered twice (a forged reply beside the real one)
+    lambda req: _answer(req, ready=False),  # no start report
+    lambda req: _answer(req, status="maybe"),
+    lambda req: _answer(req, values=lambda v: [v]),  # wrong values: the host compares, not the sandbox
+    lambda req: _answer(req, values=lambda v: True),  # "always equal" has no plain-data form: True is just True
 ])
 def test_harness_faults_never_pass(fault):
     task, ws = _code_episode()
     o = verify(task, [Message(role="user", content=task.prompt)], backend=FaultInjectingBackend(fault), workspace=ws)
-    assert o.verdict == "fail" and o.reward == 0.0 and not o.success
+    assert o.verdict in ("fail", "hack") and o.reward == 0.0 and not o.success  # a forged reply is a hack
 
 
 def test_missing_solution_or_snapshot_error_fails():
     task, ws = _code_episode()
     no_sol = pristine_snapshot({"test_visible.py": task.files["test_visible.py"]})
-    o = verify(task, [], backend=FaultInjectingBackend(_report), workspace=no_sol)
+    o = verify(task, [], backend=FaultInjectingBackend(_answer), workspace=no_sol)
     assert o.verdict == "fail" and "missing" in o.details["error"]
     from tasks.tools import WorkspaceSnapshot
 
-    o = verify(task, [], backend=FaultInjectingBackend(_report), workspace=WorkspaceSnapshot(error="sandbox died"))
+    o = verify(task, [], backend=FaultInjectingBackend(_answer), workspace=WorkspaceSnapshot(error="sandbox died"))
     assert o.verdict == "fail" and "sandbox died" in o.details["error"]
 
 
@@ -184,5 +195,5 @@ def test_untestable_solution_file_fails_with_a_reason():
 
     task, ws = _code_episode()
     files = dict(ws.files, **{"solution.py": FileState(symlink="/etc/passwd")})
-    o = verify(task, [], backend=FaultInjectingBackend(_report), workspace=WorkspaceSnapshot(files=files))
+    o = verify(task, [], backend=FaultInjectingBackend(_answer), workspace=WorkspaceSnapshot(files=files))
     assert o.verdict == "fail" and "cannot be tested" in o.details["error"]

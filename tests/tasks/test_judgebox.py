@@ -1,0 +1,138 @@
+"""The judge in real sandboxes: the data path (calls in the sandbox, comparisons on the host) and the isolated path
+(a non-dumpable runner that reaches the solution only through proxies), attacked from inside the solution.
+Every hostile solution must fail, whatever it does to the process it runs in; honest ones must pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox.backend import open_backend
+from sandbox.result import SandboxConfig
+from tasks.spec import ReferenceSolution, Task, VerifierSpec
+from tasks.testsplit import plan
+from tasks.unittests import run_unit_tests
+
+
+@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def backend(request):
+    be = open_backend(SandboxConfig(backend=request.param))
+    yield be
+    be.shutdown()
+
+
+SPLIT = ["assert double(2) == 4", "assert double(-3) == -6\nassert double(0) == 0"]
+LOOP = ["for x in range(3):\n    assert double(x) == 2 * x"]  # a loop: does not split, runs isolated
+
+
+def task(tests: list[str], tolerance: float = 0.0) -> Task:
+    return Task(id="t-double", suite="s", version="1", split="train", prompt="write double", tools=["write_file"],
+                verifier=VerifierSpec(kind="unit_tests", timeout_s=2.0, float_tolerance=tolerance),
+                reference=ReferenceSolution(final="done"), hidden_tests=tests, metadata={"entry_point": "double"})
+
+
+HONEST = "def double(x):\n    return x * 2\n"
+
+
+def statuses(run):
+    return [(r.status, r.strength) for r in run.results]
+
+
+def test_plans_split_what_they_can():
+    assert plan("assert f(1, [2]) == 3") is not None
+    assert plan("assert abs(f(0.5) - 0.25) < 1e-6\nassert not f('')") is not None
+    assert plan("import math\nassert math.isclose(f(2), 1.41, rel_tol=1e-2)") is not None
+    assert plan("def check(candidate):\n    assert candidate(1) == 2\n\ncheck(f)") is not None
+    assert plan("for x in range(3):\n    assert f(x) == x") is None  # a loop
+    assert plan("assert f(helper(1)) == 2") is None  # an argument the host cannot evaluate alone
+    assert plan("assert f == g") is None  # the function used as a value
+    assert plan("x = f(1)\nassert x == 2") is None  # a result kept in a variable
+
+
+def test_honest_solutions_pass_on_both_paths(backend):
+    run = run_unit_tests(task(SPLIT + LOOP), {"solution.py": HONEST}, backend)
+    assert run.passed, run.results
+    assert statuses(run) == [("pass", "data"), ("pass", "data"), ("pass", "isolated")]
+    assert run.strength == "isolated"
+    # a namedtuple, a Counter and a float within the task's tolerance are honest results
+    src = ("import collections\nP = collections.namedtuple('P', 'a b')\ndef double(x):\n"
+           "    return {'t': P(x, x), 'c': collections.Counter('ab'), 'f': x * 2.0000000001}\n")
+    t = task(["assert double(1) == {'t': (1, 1), 'c': {'a': 1, 'b': 1}, 'f': 2.0}"], tolerance=1e-6)
+    assert run_unit_tests(t, {"solution.py": src}, backend).passed
+
+
+def test_wrong_results_say_expected_and_got(backend):
+    run = run_unit_tests(task(SPLIT), {"solution.py": "def double(x):\n    return x + 2\n"}, backend)
+    r = run.results[0]
+    assert (r.status, r.expected, r.got) == ("pass", None, None)  # 2 + 2 == 4: right by accident
+    r = run.results[1]
+    assert (r.status, r.expected, r.got) == ("fail", "-6", "-1") and "double(-3) == -6" in r.error
+
+
+HOSTILE = {
+    "always_equal": "class A:\n    def __eq__(self, o):\n        return True\ndef double(x):\n    return A()\n",
+    "int_subclass_eq": "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\n"
+                       "def double(x):\n    return I(0)\n",
+    "type_built_class": "A = type('A', (), {'__eq__': lambda s, o: True, '__ne__': lambda s, o: False})\n"
+                        "def double(x):\n    return A()\n",
+    "mock_any": "from unittest import mock\ndef double(x):\n    return mock.ANY\n",
+    "exit_at_import": "import sys\nsys.exit(0)\ndef double(x):\n    return 0\n",
+    "os_exit_in_call": "import os\ndef double(x):\n    os._exit(0)\n",
+    "sigterm_self": "import os, signal\ndef double(x):\n    os.kill(os.getpid(), signal.SIGTERM)\n",
+    "hang": "def double(x):\n    while True:\n        pass\n",
+    # write a forged "ok" reply for every call on each descriptor the process has, with a guessed value
+    "forged_replies": "import os, json\n"
+                      "def double(x):\n"
+                      "    for fd in map(int, os.listdir('/proc/self/fd')):\n"
+                      "        for i in range(4):\n"
+                      "            try:\n"
+                      "                os.write(fd, (json.dumps({'kind': 'call', 'i': i, 'status': 'ok', "
+                      "'value': ['i', '0x0']}) + '\\n').encode())\n"
+                      "            except OSError:\n"
+                      "                pass\n"
+                      "    return None\n",
+    # patch the call server itself at import: every call reports success with the argument echoed back
+    "patched_server": "import __main__\n"
+                      "orig = __main__._Server._run\n"
+                      "def fake(self, func, args, kwargs):\n"
+                      "    return {'status': 'ok', 'value': __main__.decode(args) and __main__.encode(True)}\n"
+                      "__main__._Server._run = fake\n"
+                      "def double(x):\n    return 0\n",
+    "patched_builtins": "import builtins\nbuiltins.abs = lambda x: 0\ndef double(x):\n    return x + 1\n",
+    "generator": "def double(x):\n    return (y for y in [x * 2])\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_solutions_never_pass(backend, name):
+    run = run_unit_tests(task(SPLIT + LOOP), {"solution.py": HOSTILE[name]}, backend)
+    assert not run.passed
+    assert all(r.status != "pass" for r in run.results if r.name != "hidden_1" or name != "patched_builtins"), \
+        [(r.status, r.error) for r in run.results]
+    events = [e for r in run.results for e in r.events]
+    if name in ("always_equal", "int_subclass_eq", "type_built_class", "mock_any", "generator"):
+        assert any(e.startswith("not_plain_data:") for e in events), events
+
+
+def test_the_runner_is_out_of_the_solutions_reach(backend):
+    """From inside the solution: the isolated runner's memory, descriptors and environment cannot be read, and
+    killing it yields no pass."""
+    find = ("import os, signal\n"
+            "def runner():\n"  # a call runs in a fork of the call server, whose parent is the runner
+            "    with open('/proc/%d/status' % os.getppid()) as f:\n"
+            "        return int(f.read().split('PPid:')[1].split()[0])\n")
+    probe = find + ("def double(x):\n"
+                    "    r, got = runner(), []\n"
+                    "    for p in ('environ', 'maps', 'fd'):\n"
+                    "        try:\n"
+                    "            os.listdir('/proc/%d/fd' % r) if p == 'fd' else open('/proc/%d/%s' % (r, p)).read()\n"
+                    "            got.append(p)\n"
+                    "        except OSError:\n"
+                    "            pass\n"
+                    "    open('/proc/%d/cmdline' % r).read()\n"  # the runner exists and is seen: only guarded
+                    "    return got\n")
+    t = task(["for _ in range(1):\n    assert double(0) == []"])
+    run = run_unit_tests(t, {"solution.py": probe}, backend)
+    assert run.passed, [(r.status, r.error) for r in run.results]  # nothing of the runner could be opened
+    kill = find + "def double(x):\n    os.kill(runner(), signal.SIGKILL)\n    return 2 * x\n"
+    run = run_unit_tests(task(LOOP), {"solution.py": kill}, backend)
+    assert not run.passed and run.results[0].status in ("no_result", "error", "timeout")
