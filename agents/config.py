@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.policy import Policy, PolicySetupError
+from agents.reference import ReferenceNoise, ReferencePolicy
 
 GPU_EXTRA_FIX = "pip install 'flywheel[gpu]' (on a CUDA machine)"
 
@@ -24,27 +25,6 @@ class PriceTable(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompt_per_1m: float = Field(default=0.0, ge=0, description="USD per 1M prompt tokens.")
     completion_per_1m: float = Field(default=0.0, ge=0, description="USD per 1M completion tokens.")
-
-
-class ReferenceNoise(BaseModel):
-    """Noise and reward hacks the reference teacher injects, so that verifiers and filters have work."""
-
-    model_config = ConfigDict(extra="forbid")
-    wrong_answer: float = Field(default=0.0, ge=0, le=1, description="Probability of a wrong final answer.")
-    malformed_call: float = Field(default=0.0, ge=0, le=1,
-                                  description="Probability of a tool call with arguments that are not valid JSON.")
-    no_tool: float = Field(default=0.0, ge=0, le=1,
-                           description="Probability of answering without calling the required tool (a reward hack).")
-    exit_hack: float = Field(default=0.0, ge=0, le=1,
-                             description="Probability of code that calls sys.exit(0) / patches the evaluator "
-                                         "(code tasks only; ignored where the task has no unit tests).")
-
-    @model_validator(mode="after")
-    def _total(self) -> ReferenceNoise:
-        total = self.wrong_answer + self.malformed_call + self.no_tool + self.exit_hack
-        if total > 1.0 + 1e-9:
-            raise ValueError(f"noise probabilities add up to {total:.3f} > 1; lower some of them")
-        return self
 
 
 class PolicyConfig(BaseModel):
@@ -116,8 +96,6 @@ class MixtureConfig(BaseModel):
 def build_policy(cfg: PolicyConfig) -> Policy:
     """Construct the policy `cfg` describes. Optional backends are imported only here, with a fix on failure."""
     if cfg.kind == "reference":
-        from agents.reference import ReferencePolicy
-
         return ReferencePolicy(noise=cfg.noise, seed=cfg.seed, name=cfg.policy_name(), source=cfg.source)
     if cfg.kind == "openai":
         from agents.openai_policy import OpenAIPolicy

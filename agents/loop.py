@@ -39,9 +39,10 @@ from typing import Any
 import tasks.tools as task_tools
 from agents.policy import EndpointError, ModelError, Policy
 from sandbox.result import Backend, Sandbox, SandboxError
+from tasks.answers import extract_answer
 from tasks.spec import Task
 from tasks.tools import ToolArgumentError, observation, parse_arguments, run_tool, tool_schemas
-from tasks.verify import Outcome, extract_answer, verify
+from tasks.verify import Outcome, verify
 from warehouse.record import Message, Trajectory, trajectory_id
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ sandbox that computes something else yields a wrong answer and a `fail`, and a r
 call having worked); an observation that is not a number gives "I could not compute it: ..." (no answer -> fail).
 Other tasks end with the reference final verbatim.
 
-Noise and reward hacks (`agents.config.ReferenceNoise`) give the verifiers and filters work. One mode is drawn per
+Noise and reward hacks (`ReferenceNoise`, below) give the verifiers and filters work. One mode is drawn per
 episode from a generator seeded by (seed, task id, sample index), so the same episode always behaves the same:
 - wrong_answer (numeric tasks): the tool calls run, then the final answer is off by a small non-zero amount
   (-> fail); ignored (clean replay) for other verifiers;
@@ -29,10 +29,11 @@ import json
 import random
 from typing import Any
 
-from agents.config import ReferenceNoise
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from agents.policy import PolicyReply
+from tasks.answers import ANSWER_RE
 from tasks.spec import Task
-from tasks.verify import ANSWER_RE
 from warehouse.record import FunctionCall, Message, Source, ToolCall
 
 MODES = ("clean", "wrong_answer", "malformed_call", "no_tool", "exit_hack")
@@ -51,6 +52,27 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class ReferenceNoise(BaseModel):
+    """Noise and reward hacks the reference teacher injects, so that verifiers and filters have work."""
+
+    model_config = ConfigDict(extra="forbid")
+    wrong_answer: float = Field(default=0.0, ge=0, le=1, description="Probability of a wrong final answer.")
+    malformed_call: float = Field(default=0.0, ge=0, le=1,
+                                  description="Probability of a tool call with arguments that are not valid JSON.")
+    no_tool: float = Field(default=0.0, ge=0, le=1,
+                           description="Probability of answering without calling the required tool (a reward hack).")
+    exit_hack: float = Field(default=0.0, ge=0, le=1,
+                             description="Probability of code that calls sys.exit(0) / patches the evaluator "
+                                         "(code tasks only; ignored where the task has no unit tests).")
+
+    @model_validator(mode="after")
+    def _total(self) -> ReferenceNoise:
+        total = self.wrong_answer + self.malformed_call + self.no_tool + self.exit_hack
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"noise probabilities add up to {total:.3f} > 1; lower some of them")
+        return self
 
 
 class ReferencePolicy:

@@ -17,9 +17,9 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from tasks.spec import Task
 from curate.config import DecontamConfig
 from curate.dedup import row_text, tokens
+from tasks.spec import Task
 from warehouse.record import Trajectory
 
 HELDOUT_TASK = "heldout_task"

@@ -24,10 +24,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.tools import TOOLS
-from tasks.verify import extract_answer, numbers_match
 from curate.dedup import normalised
 from curate.filters import conversation_problems, tool_names
+from tasks.answers import extract_answer, numbers_match
+from tasks.tools import TOOLS
 from warehouse.record import Message, Trajectory
 
 HUMAN_VERIFIER = "human"

@@ -18,12 +18,13 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agents.config import PolicyConfig, ReferenceNoise
+from agents.config import PolicyConfig
+from agents.reference import ReferenceNoise
+from curate.config import CurateConfig, CurriculumConfig
 from flows.concurrency import LimitsConfig
 from flows.serve import ServeConfig
 from sandbox.result import SandboxConfig
 from training.config import GRPOConfig, SFTConfig, TinyModelConfig
-from curate.config import CurateConfig, CurriculumConfig
 
 
 def _shipped_demos() -> list[str]:

@@ -27,7 +27,7 @@ def _local(config: SandboxConfig, pool_size: int = 2) -> Backend:
 
 
 def _docker_answers() -> bool:
-    from sandbox.docker import docker_client
+    from sandbox.engine import docker_client
 
     try:
         docker_client(timeout=5).close()  # pings the engine
@@ -75,8 +75,7 @@ def check_backend(config: SandboxConfig) -> None:
     if config.reuse:
         raise SandboxUnavailable("sandbox.reuse is implemented by the local backend only; fix: use --backend local, "
                                  "or set sandbox.reuse=false for Docker")
-    from sandbox.docker import docker_client
-    from sandbox.image import image_id
+    from sandbox.engine import docker_client, image_id
 
     client = docker_client(timeout=10)
     try:

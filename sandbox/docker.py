@@ -31,7 +31,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import queue
 import select
 import socket
@@ -44,16 +43,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.engine import (
+    BACKEND_LABEL,
+    LABEL,
+    OWNER_LABEL,
+    SANDBOX_USER,
+    WORKDIR,
+    docker_client,
+    image_id,
+    owner_tag,
+)
 from sandbox.interpreter import exec_fields, interpreter_argv
+from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
-SANDBOX_USER = "65534:65534"
-WORKDIR = "/workspace"
-LABEL = "flywheel.sandbox"
-OWNER_LABEL = "flywheel.owner"
-BACKEND_LABEL = "flywheel.backend"  # one value per DockerBackend instance: its final sweep removes only its own
 GRACE_S = 2.0  # how long past its timeout a call may take before our own backstop kills it
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
@@ -113,39 +118,6 @@ for rel, text in files.items():
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
 """
-
-
-def _owner_tag() -> str:
-    """hostname:pid:start-time of this process (start time guards against pid reuse)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}"
-
-
-def _proc_start(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return stat.rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return "?"
-
-
-def docker_client(timeout: int = 60):
-    """A docker-py client for the engine in the environment (DOCKER_HOST or the CLI context); raises
-    SandboxUnavailable naming the fix when no engine answers."""
-    try:
-        import docker
-    except ImportError as e:  # pragma: no cover
-        raise SandboxUnavailable("the `docker` Python package is missing; fix: pip install docker") from e
-    try:
-        # many episodes share one client from threads: a pool large enough that connections are reused
-        client = docker.from_env(timeout=timeout, max_pool_size=64)
-        client.ping()
-    except Exception as e:
-        where = os.environ.get("DOCKER_HOST") or "the default socket"
-        raise SandboxUnavailable(
-            f"no Docker engine answers at {where} ({type(e).__name__}: {str(e)[:200]}); fix: start dockerd "
-            "(`dockerd &` or `systemctl start docker`), or use --backend local"
-        ) from e
-    return client
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -720,9 +692,6 @@ class DockerBackend:
 
     def __init__(self, config: SandboxConfig, *, pool_size: int = 2, max_sandboxes: int = 64,
                  acquire_timeout_s: float = 120.0, client=None):
-        from sandbox.image import image_id
-        from sandbox.reaper import reap
-
         if config.reuse:
             raise SandboxUnavailable("sandbox.reuse is implemented by the local backend only; fix: use --backend "
                                      "local, or set sandbox.reuse=false for Docker")
@@ -735,7 +704,7 @@ class DockerBackend:
                 f"sandbox image {config.image!r} is not in the Docker engine; fix: flywheel sandbox build-image "
                 f"(or docker build -t {config.image} sandbox/)")
         self.image: str | None = img
-        self.owner = _owner_tag()
+        self.owner = owner_tag()
         self.instance = uuid.uuid4().hex
         self._acquire_timeout_s = acquire_timeout_s
         self._slots = threading.BoundedSemaphore(max_sandboxes)

@@ -2,7 +2,8 @@
 
 `build_image` makes a minimal Debian bookworm root filesystem with Python 3 (debootstrap, default Debian mirror),
 trims it, and imports it as a Docker image whose default user is nobody (65534) and whose working directory is
-/workspace. An image that already carries the tag is reused unless `force`. `image_id` looks a tag up.
+/workspace. An image that already carries the tag is reused unless `force`; `image_id` (sandbox/engine.py) looks
+a tag up.
 sandbox/Dockerfile builds an equivalent image for users who can pull from a registry.
 This module does not start containers (sandbox/docker.py does).
 """
@@ -16,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from sandbox.engine import SANDBOX_USER, WORKDIR, docker_client, image_id
 from sandbox.result import SandboxConfig, SandboxUnavailable
 
 log = logging.getLogger(__name__)
@@ -23,8 +25,6 @@ log = logging.getLogger(__name__)
 SUITE = "bookworm"
 # python3 brings the standard library (json, math, fractions, ...); python3-minimal alone lacks most of it.
 PACKAGES = ("python3-minimal", "python3")
-SANDBOX_USER = "65534:65534"
-WORKDIR = "/workspace"
 IMAGE_LABEL = "flywheel.sandbox.image"
 IMAGE_CHANGES = (
     f"USER {SANDBOX_USER}",
@@ -43,23 +43,6 @@ TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/sha
 Progress = Callable[[str], None]
 
 
-def _client():
-    from sandbox.docker import docker_client
-
-    return docker_client(timeout=300)
-
-
-def image_id(tag: str, client=None) -> str | None:
-    """The id of the local image tagged `tag`, or None when there is none. Raises SandboxUnavailable without an engine."""
-    import docker.errors
-
-    client = client or _client()
-    try:
-        return client.images.get(tag).id
-    except docker.errors.ImageNotFound:
-        return None
-
-
 def _run(cmd: list[str], progress: Progress, **kw) -> subprocess.CompletedProcess:
     progress("$ " + " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, check=False, **kw)
@@ -76,7 +59,7 @@ def build_image(tag: str = SandboxConfig().image, *, force: bool = False, progre
     the fix when one is missing. Reuses an existing image with this tag unless `force`.
     """
     say: Progress = progress or (lambda line: log.info("%s", line))
-    client = _client()
+    client = docker_client(timeout=300)
     existing = image_id(tag, client)
     if existing and not force:
         say(f"image {tag} already present ({existing[:19]}); reusing it")

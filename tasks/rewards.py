@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from tasks.answers import ANSWER_RE
 from tasks.spec import Task
 from tasks.tools import ToolArgumentError, parse_arguments
 from warehouse.record import Message
@@ -28,8 +29,6 @@ class RewardConfig(BaseModel):
 
 
 def process_terms(task: Task, messages: list[Message]) -> dict[str, float]:
-    from tasks.verify import ANSWER_RE
-
     calls = [tc for m in messages if m.role == "assistant" and m.tool_calls for tc in m.tool_calls]
     good = 0
     used_required = False

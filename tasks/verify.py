@@ -13,13 +13,12 @@ This module does not run episodes.
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from sandbox.result import Backend
+from tasks.answers import extract_answer, numbers_match
 from tasks.forensics import FORENSICS_VERSION, hack_flags, inspect_episode
 from tasks.rewards import RewardConfig, combine, process_terms
 from tasks.spec import Task
@@ -34,16 +33,12 @@ from tasks.unittests import (
 )
 from warehouse.record import Message
 
-__all__ = ["Outcome", "verify", "verify_numeric", "extract_answer", "numbers_match", "VerifierError",
-           "VerifierUnavailable", "VERIFIER_VERSIONS"]
+__all__ = ["Outcome", "verify", "verify_numeric", "VerifierError", "VerifierUnavailable", "VERIFIER_VERSIONS"]
 
-NUMERIC_VERIFIER_VERSION = "1"
+NUMERIC_VERIFIER_VERSION = "2"  # 2: markdown answers (**Answer:** 270) count
 UNIT_TESTS_VERIFIER_VERSION = "2"  # 2: the data and isolated paths
 VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
                      "llm_judge": "1"}
-ANSWER_RE = re.compile(r"answer\s*[:=]\s*\$?\s*(-?[\d,]*\.?\d+(?:[eE][-+]?\d+)?)", re.IGNORECASE)
-
-
 class Outcome(BaseModel):
     verdict: str = Field(description="pass, fail or hack (the loop sets model_error/timeout/infra_error).")
     reward: float
@@ -55,25 +50,6 @@ class Outcome(BaseModel):
     verifier: str
     verifier_version: str
     verifier_strength: str | None = Field(default=None, description="data, isolated or llm (see the record).")
-
-
-def extract_answer(messages: list[Message]) -> str | None:
-    """The number after 'Answer:' in the last assistant message, else None."""
-    for m in reversed(messages):
-        if m.role == "assistant" and m.content:
-            found = ANSWER_RE.findall(m.content)
-            return found[-1].replace(",", "") if found else None
-    return None
-
-
-def numbers_match(got: str, expected: str, tolerance: float) -> bool:
-    try:
-        g, e = float(got), float(expected)
-    except ValueError:
-        return False
-    if not (math.isfinite(g) and math.isfinite(e)):
-        return False
-    return abs(g - e) <= tolerance * max(1.0, abs(e))
 
 
 def verify_numeric(task: Task, messages: list[Message]) -> Outcome:

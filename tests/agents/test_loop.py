@@ -12,11 +12,11 @@ import json
 
 import pytest
 
-from agents.config import MixtureConfig, PolicyConfig, ReferenceNoise, build_policy, check_policy
+from agents.config import MixtureConfig, PolicyConfig, build_policy, check_policy
 from agents.loop import initial_messages, run_episode
 from agents.mixture import Mixture, mixture_from_config
 from agents.policy import EndpointError, PolicyReply, PolicySetupError
-from agents.reference import ReferencePolicy
+from agents.reference import ReferenceNoise, ReferencePolicy
 from agents.rollout import plan, rollout, summary_table
 from sandbox.result import SandboxUnavailable
 from tasks import arithmetic

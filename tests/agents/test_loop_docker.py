@@ -18,9 +18,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from agents.config import ReferenceNoise
 from agents.openai_policy import OpenAIPolicy
-from agents.reference import ReferencePolicy
+from agents.reference import ReferenceNoise, ReferencePolicy
 from agents.rollout import rollout
 from tasks import arithmetic
 from warehouse.record import trajectory_id

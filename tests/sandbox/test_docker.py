@@ -16,7 +16,8 @@ import pytest
 
 from sandbox.backend import check_backend, exec_once, open_backend
 from sandbox.docker import DockerBackend
-from sandbox.reaper import owner_alive, reap
+from sandbox.engine import owner_alive
+from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxUnavailable
 
 pytestmark = pytest.mark.docker

@@ -9,12 +9,13 @@ import json
 import pytest
 
 from sandbox.result import ExecResult, SandboxError
+from tasks.answers import extract_answer
 from tasks.code import generate as code_tasks
 from tasks.rewards import RewardConfig
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from tasks.tools import pristine_snapshot
 from tasks.unittests import VerifierUnavailable
-from tasks.verify import extract_answer, verify
+from tasks.verify import verify
 from warehouse.record import FunctionCall, Message, ToolCall
 
 
