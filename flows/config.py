@@ -12,17 +12,17 @@ import json
 import os
 import re
 import tomllib
+import zoneinfo
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents.config import PolicyConfig
 from agents.reference import ReferenceNoise
 from curate.config import CurateConfig, CurriculumConfig
 from flows.concurrency import LimitsConfig
-from flows.serve import ServeConfig
 from sandbox.result import SandboxConfig
 from training.config import GRPOConfig, SFTConfig, TinyModelConfig
 
@@ -35,6 +35,115 @@ def _shipped_demos() -> list[str]:
 
 # The offline teacher makes mistakes and cheats now and then, so that verification and curation have work.
 OFFLINE_TEACHER_NOISE = ReferenceNoise(wrong_answer=0.05, malformed_call=0.03, no_tool=0.05)
+
+
+# The flows `flywheel serve` can deploy (flows/serve.py maps each to its module); also the [serve] schedule keys.
+SERVED_FLOWS = ("generate", "curate", "train_sft", "train_grpo", "evaluate", "flywheel")
+
+_CRON_FIELDS = ((0, 59, {}), (0, 23, {}), (1, 31, {}),
+                (1, 12, {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}),
+                (0, 7, {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}))
+
+
+def valid_cron(expr: str) -> bool:
+    """A standard 5-field cron expression: each field `*`, N, N-M, lists of those, each with an optional /STEP;
+    month and weekday names (jan, mon) allowed. Random or hashed forms (R, H) are not cron."""
+    fields = expr.split()
+    if len(fields) != 5:
+        return False
+    for text, (lo, hi, names) in zip(fields, _CRON_FIELDS, strict=True):
+        for part in text.lower().split(","):
+            rng, _, step = part.partition("/")
+            if step and not (step.isdigit() and int(step) > 0):
+                return False
+            if rng == "*":
+                continue
+            ends = [names.get(x, x) for x in rng.split("-")]
+            if len(ends) > 2 or not all(isinstance(x, int) or x.isdigit() for x in ends):
+                return False
+            nums = [int(x) for x in ends]
+            if not all(lo <= n <= hi for n in nums) or (len(nums) == 2 and nums[0] > nums[1]):
+                return False
+    return True
+
+
+class ScheduleConfig(BaseModel):
+    """When a deployment runs by itself. Empty (no cron, no interval): only when triggered (UI, API, CLI)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cron: str | None = Field(default=None, description="Cron expression, 5 fields, in `timezone` "
+                             "(e.g. '0 3 * * *' = every day at 03:00). Exclusive with interval_s.")
+    interval_s: float | None = Field(default=None, gt=0, description="Run every this many seconds (e.g. 21600 = "
+                                     "every 6 h). Exclusive with cron.")
+    timezone: str = Field(default="UTC", description="IANA time zone of the cron expression (e.g. Europe/Paris).")
+    active: bool = Field(default=True, description="False registers the schedule paused (resume it in the UI).")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not valid_cron(v.strip()):
+            raise ValueError(f"{v!r} is not a 5-field cron expression; e.g. '0 3 * * *' (03:00 daily) or "
+                             "'*/30 * * * *' (every 30 min)")
+        return v.strip()
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(v)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{v!r} is not an IANA time zone; e.g. UTC or Europe/Paris") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> ScheduleConfig:
+        if self.cron and self.interval_s:
+            raise ValueError("set either cron or interval_s, not both")
+        return self
+
+    @property
+    def is_set(self) -> bool:
+        return bool(self.cron or self.interval_s)
+
+
+class ServeConfig(BaseModel):
+    """The `[serve]` config section: which flows `flywheel serve` deploys, their schedules, and its capacity."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default="flywheel", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                      description="Deployment name; deployments appear as '<flow>/<name>' (e.g. generate/flywheel).")
+    flows: list[str] = Field(default_factory=lambda: list(SERVED_FLOWS),
+                             description="Flows to deploy: any of generate, curate, train_sft, train_grpo, "
+                             "evaluate, flywheel.")
+    limit: int = Field(default=1, ge=1, description="Flow runs this serve process executes at once; more wait in "
+                       "Scheduled state (start more serve processes, or use a work pool, to run more).")
+    concurrency_per_flow: int | None = Field(default=None, ge=1, description="Runs of one deployment at once, "
+                                             "across all serve processes; empty = no per-deployment limit.")
+    tags: list[str] = Field(default_factory=lambda: ["flywheel"], description="Tags on every deployment.")
+    generate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the generate flow.")
+    curate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the curate flow.")
+    train_sft: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train-sft flow.")
+    train_grpo: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train-grpo "
+                                       "flow.")
+    evaluate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the evaluate flow.")
+    flywheel: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the flywheel flow "
+                                     "(one full round).")
+
+    @field_validator("flows")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        known = list(SERVED_FLOWS)
+        bad = [f for f in v if f not in known]
+        if bad:
+            raise ValueError(f"unknown flow(s) {', '.join(bad)}; choose from {', '.join(known)}")
+        if not v:
+            raise ValueError(f"no flow to serve; list some of {', '.join(known)}")
+        return list(dict.fromkeys(v))
+
+    def schedule(self, flow: str) -> ScheduleConfig:
+        return getattr(self, flow)
 
 
 class ConfigError(ValueError):

@@ -8,114 +8,27 @@ line in `SERVED`. The flow itself chooses its task runner (threads or Ray) from 
 (flows/runners.py), so a run triggered from the UI can ask for Ray.
 
 This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a
-work-pool deployment see docs/operating.md). Importing it does not import prefect (the config loader imports
-`ServeConfig`).
+work-pool deployment see docs/operating.md). Its `[serve]` section (ServeConfig, ScheduleConfig) lives in
+flows/config.py with the rest of the config.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-if TYPE_CHECKING:
-    from flows.config import FlywheelConfig
+from flows.config import SERVED_FLOWS, FlywheelConfig, ScheduleConfig, ServeConfig, load_config
 
 
 class ServeError(RuntimeError):
     """`flywheel serve` cannot start as configured; the message names the problem and the fix."""
-
-
-# --- config ------------------------------------------------------------------------------------------------------
-
-class ScheduleConfig(BaseModel):
-    """When a deployment runs by itself. Empty (no cron, no interval): only when triggered (UI, API, CLI)."""
-
-    model_config = ConfigDict(extra="forbid")
-    cron: str | None = Field(default=None, description="Cron expression, 5 fields, in `timezone` "
-                             "(e.g. '0 3 * * *' = every day at 03:00). Exclusive with interval_s.")
-    interval_s: float | None = Field(default=None, gt=0, description="Run every this many seconds (e.g. 21600 = "
-                                     "every 6 h). Exclusive with cron.")
-    timezone: str = Field(default="UTC", description="IANA time zone of the cron expression (e.g. Europe/Paris).")
-    active: bool = Field(default=True, description="False registers the schedule paused (resume it in the UI).")
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        from prefect._internal.schemas.validators import validate_cron_string
-
-        try:
-            return validate_cron_string(v.strip())
-        except ValueError:
-            raise ValueError(f"{v!r} is not a 5-field cron expression; e.g. '0 3 * * *' (03:00 daily) or "
-                             "'*/30 * * * *' (every 30 min)") from None
-
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, v: str) -> str:
-        try:
-            zoneinfo.ZoneInfo(v)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"{v!r} is not an IANA time zone; e.g. UTC or Europe/Paris") from None
-        return v
-
-    @model_validator(mode="after")
-    def _one(self) -> ScheduleConfig:
-        if self.cron and self.interval_s:
-            raise ValueError("set either cron or interval_s, not both")
-        return self
-
-    @property
-    def is_set(self) -> bool:
-        return bool(self.cron or self.interval_s)
-
-
-class ServeConfig(BaseModel):
-    """The `[serve]` config section: which flows `flywheel serve` deploys, their schedules, and its capacity."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(default="flywheel", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-                      description="Deployment name; deployments appear as '<flow>/<name>' (e.g. generate/flywheel).")
-    flows: list[str] = Field(default_factory=lambda: [s.name for s in SERVED],
-                             description="Flows to deploy: any of generate, curate, train_sft, train_grpo, "
-                             "evaluate, flywheel.")
-    limit: int = Field(default=1, ge=1, description="Flow runs this serve process executes at once; more wait in "
-                       "Scheduled state (start more serve processes, or use a work pool, to run more).")
-    concurrency_per_flow: int | None = Field(default=None, ge=1, description="Runs of one deployment at once, "
-                                             "across all serve processes; empty = no per-deployment limit.")
-    tags: list[str] = Field(default_factory=lambda: ["flywheel"], description="Tags on every deployment.")
-    generate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the generate flow.")
-    curate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the curate flow.")
-    train_sft: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train-sft flow.")
-    train_grpo: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the train-grpo "
-                                       "flow.")
-    evaluate: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the evaluate flow.")
-    flywheel: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Schedule of the flywheel flow "
-                                     "(one full round).")
-
-    @field_validator("flows")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        known = [s.name for s in SERVED]
-        bad = [f for f in v if f not in known]
-        if bad:
-            raise ValueError(f"unknown flow(s) {', '.join(bad)}; choose from {', '.join(known)}")
-        if not v:
-            raise ValueError(f"no flow to serve; list some of {', '.join(known)}")
-        return list(dict.fromkeys(v))
-
-    def schedule(self, flow: str) -> ScheduleConfig:
-        return getattr(self, flow)
 
 
 # --- what is served ----------------------------------------------------------------------------------------------
@@ -147,6 +60,7 @@ SERVED: list[Served] = [
     Served("evaluate", "flows.evaluate:evaluate_flow", "Score base/student/teacher on the held-out split."),
     Served("flywheel", "flows.flywheel:flywheel_flow", "Rounds of generate -> curate -> train -> evaluate."),
 ]
+assert tuple(s.name for s in SERVED) == SERVED_FLOWS, "flows/config.py's SERVED_FLOWS and SERVED drifted apart"
 
 
 def load_flow(entry: Served) -> Any:
@@ -330,8 +244,6 @@ def serve_command(
 ) -> None:
     """Register the flows as Prefect deployments (schedules from the serve section) and run what the UI, the API
     and the schedules trigger; needs PREFECT_API_URL (a `prefect server start`). Ctrl-C stops, pausing schedules."""
-    from flows.config import load_config
-
     cfg = load_config(config, list(set_ or []))
     serve(cfg, flows=list(flow) if flow else None, skip_missing=skip_missing)
 
@@ -349,7 +261,5 @@ def deploy_command(
 ) -> None:
     """Register the flows as deployments on a work pool (schedules from the serve section) and exit; the pool's
     workers (`prefect worker start --pool NAME`) run them. Needs PREFECT_API_URL."""
-    from flows.config import load_config
-
     cfg = load_config(config, list(set_ or []))
     deploy(cfg, work_pool=work_pool, flows=list(flow) if flow else None, skip_missing=skip_missing)

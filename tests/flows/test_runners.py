@@ -25,9 +25,9 @@ from flows.artifacts import (
     table_rows,
 )
 from flows.concurrency import ConcurrencyError, LimitsConfig, endpoint_limit_name, retry_on_transient
-from flows.config import FlywheelConfig
+from flows.config import FlywheelConfig, ServeConfig, valid_cron
 from flows.runners import RunnerError, make_task_runner
-from flows.serve import ServeConfig, ServeError, build_deployments, parameter_form_problems
+from flows.serve import ServeError, build_deployments, parameter_form_problems
 
 # --- runners -------------------------------------------------------------------------------------------------
 
@@ -89,6 +89,16 @@ def test_generate_deployment_schedule_entrypoint_and_form():
     assert schema["properties"]["cfg"]["$ref"].endswith("/FlywheelConfig")
     assert schema["definitions"]["GenerateConfig"]["properties"]["n_tasks"]["description"]
     assert dep.enforce_parameter_schema
+
+
+@pytest.mark.parametrize("expr,ok", [
+    ("0 3 * * *", True), ("*/30 * * * *", True), ("0 9-17/2 * * mon-fri", True), ("5,35 0 1 jan,jul sun", True),
+    ("0 0 29 2 7", True), ("every day", False), ("0 3 * *", False), ("60 * * * *", False), ("0 24 * * *", False),
+    ("* * 0 * *", False), ("0 0 * 13 *", False), ("*/0 * * * *", False), ("5-1 * * * *", False),
+    ("H * * * *", False), ("R 0 * * *", False), ("0 3 * * * *", False),
+])
+def test_cron_expressions_are_checked_without_prefect(expr, ok):
+    assert valid_cron(expr) is ok
 
 
 def test_missing_flow_is_an_error_unless_skipped(monkeypatch):
