@@ -51,7 +51,7 @@ TEXT_CODECS = {"rot13", "rot_13", "utf-8", "utf8", "utf_8", "ascii", "latin-1", 
                "unicode_escape", "raw_unicode_escape", "idna", "punycode", "bz2", "quopri", "uu"}
 DECODERS = {"b64decode", "b32decode", "b16decode", "b85decode", "a85decode", "urlsafe_b64decode", "decodebytes",
             "standard_b64decode", "unhexlify", "a2b_hex", "a2b_base64", "fromhex", "decode", "decompress", "chr",
-            "translate", "loads", "frombytes", "unquote", "reversed", "join"}
+            "translate", "loads", "frombytes", "unquote"}
 
 
 def _small(v: Any) -> Any:
@@ -272,15 +272,15 @@ class Folder:
             recv = UNKNOWN
         # path helpers keep holes
         if name in ("os.path.join", "posixpath.join") or short == "joinpath":
-            parts = ([recv] if short == "joinpath" else []) + args
-            if parts and all(isinstance(p, str) for p in parts):
+            parts = [p if isinstance(p, str) else Hole(HOLE) for p in ([recv] if short == "joinpath" else []) + args]
+            if parts and any(not isinstance(p, Hole) for p in parts):
                 return _join_text([posixpath.join(*parts)])
             return UNKNOWN
         if name in ("pathlib.Path", "Path", "pathlib.PurePath", "PurePath", "pathlib.PosixPath", "os.fspath",
                     "str") and len(args) == 1 and isinstance(args[0], str):
             return args[0]
         if name in ("os.getcwd", "pathlib.Path.cwd", "Path.cwd") and not args:
-            return "."
+            return "/workspace"  # where every tool runs
         if name in ("pathlib.Path.home", "Path.home") and not args:
             return "~"
         if name in ("os.path.expanduser", "os.path.abspath", "os.path.realpath", "os.path.normpath",

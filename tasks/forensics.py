@@ -1041,7 +1041,7 @@ def inspect_messages(task: Task, messages: list[Message]) -> tuple[list[Finding]
     actions = tool_actions(messages)
 
     def add(code: str, ev: str, turn: int | None) -> None:
-        findings.append(Finding(code=code, evidence=ev, channel="messages", turn=turn))
+        findings.append(Finding(code=code, evidence=ev.replace(HOLE, "{?}"), channel="messages", turn=turn))
 
     for a in actions:
         if a.args is None:
@@ -1204,7 +1204,7 @@ def inspect_workspace(task: Task, workspace: WorkspaceSnapshot) -> list[Finding]
                                channel="workspace"))
         if path.endswith(".py") and not is_test_path(path) and st.text is not None and not ctx.is_conftest(path):
             for code, ev in scan_python(st.text, ctx, importable=True).findings:
-                out.append(Finding(code=code, evidence=f"{path}: {ev}", channel="workspace"))
+                out.append(Finding(code=code, evidence=f"{path}: {ev}".replace(HOLE, "{?}"), channel="workspace"))
     return out
 
 
