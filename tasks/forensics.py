@@ -224,12 +224,21 @@ class _Resolver:
     """Dotted names of expressions, through aliases, getattr/vars/__dict__, __import__/import_module and
     sys.modules[...], with names built at run time folded by tasks.constfold. An unresolvable piece reads '?'."""
 
-    def __init__(self, aliases: dict[str, str], folder: Folder):
-        self.aliases, self.folder = aliases, folder
+    def __init__(self, aliases: dict[str, str], folder: Folder, loops: dict[str, list[Any]] | None = None):
+        self.aliases, self.folder, self.loops = aliases, folder, loops or {}
 
     def key(self, node: ast.AST | None) -> str:
         v = self.folder.fold(node)
         return v if isinstance(v, str) and not isinstance(v, Hole) and v else "?"
+
+    def keys(self, node: ast.AST | None) -> list[str]:
+        """Every name an argument may be: its folded value, or each value of the constant list a for loop binds
+        it to (`for m in ('numpy', 'pandas'): import_module(m)`), else '?'."""
+        k = self.key(node)
+        if k == "?" and isinstance(node, ast.Name) and node.id in self.loops:
+            vals = self.loops[node.id]
+            return [v if isinstance(v, str) and v else "?" for v in vals] or ["?"]
+        return [k]
 
     def name(self, node: ast.AST | None, depth: int = 0) -> str:
         if node is None or depth > 30:
@@ -552,7 +561,12 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
                         consts[item.optional_vars.id] = s
     folder = Folder(aliases=aliases, files=ctx.known_files)
     folder.bind_all(tree)
-    res = _Resolver(aliases, folder)
+    loops: dict[str, list[Any]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            it = folder.fold(node.iter)
+            loops[node.target.id] = list(it) if isinstance(it, (list, tuple)) and not isinstance(it, str) else []
+    res = _Resolver(aliases, folder, {k: v for k, v in loops.items() if v})
     # names bound to modules or callables reached dynamically: m = __import__('os'); e = getattr(sys, 'exit')
     roots = {v.split(".")[0] for v in aliases.values()} | SENSITIVE
     dynamic = GETATTR_CALLS | IMPORT_CALLS | {"vars", "sys.modules.get"}
@@ -567,9 +581,9 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
                 aliases[node.targets[0].id] = r
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and res.name(node.func) in IMPORT_CALLS and node.args:
-            imported.append((res.key(node.args[0]), node))
+            imported.extend((k, node) for k in res.keys(node.args[0]))
         elif isinstance(node, ast.Subscript) and res.name(node.value) == "sys.modules":
-            imported.append((res.key(node.slice), node))
+            imported.extend((k, node) for k in res.keys(node.slice))
     for mod, _node in imported:
         _scan_import(mod, scan, importable=importable)
     dead = _dead_nodes(tree, importable) if importable else set()
@@ -758,18 +772,18 @@ def _scan_call(call: ast.Call, env: _Env, *, exits: bool) -> None:
     fn = name
     if fn in GETATTR_CALLS | {"setattr", "delattr", "builtins.setattr", "builtins.delattr"} and len(call.args) >= 2:
         base = res.name(call.args[0])
-        key = res.key(call.args[1])
-        full = f"{base}.{key}" if base else ""
         root = base.split(".")[0]
-        if short in ("setattr", "delattr"):
-            if key in CMP_DUNDERS + ("__class__",):
-                scan.findings.append(("evaluator_patched", f"{short}(..., {key!r}, ...)"))
-            elif full:
-                _patches(full, env, f"{short}({base}, {key!r}, ...)")
-                if key == "?" and root in SENSITIVE | {m.rstrip(".") for m in PATCH_MODULES}:
-                    scan.findings.append(("evaluator_patched", f"{short}({base}, <name that cannot be resolved>)"))
-        elif key == "?" and root in SENSITIVE:
-            scan.findings.append(("evaluator_patched", f"getattr({base}, <name that cannot be resolved>)"))
+        for key in res.keys(call.args[1]):
+            full = f"{base}.{key}" if base else ""
+            if short in ("setattr", "delattr"):
+                if key in CMP_DUNDERS + ("__class__",):
+                    scan.findings.append(("evaluator_patched", f"{short}(..., {key!r}, ...)"))
+                elif full:
+                    _patches(full, env, f"{short}({base}, {key!r}, ...)")
+                    if key == "?" and root in SENSITIVE | {m.rstrip(".") for m in PATCH_MODULES}:
+                        scan.findings.append(("evaluator_patched", f"{short}({base}, <name that cannot be resolved>)"))
+            elif key == "?" and root in SENSITIVE:
+                scan.findings.append(("evaluator_patched", f"getattr({base}, <name that cannot be resolved>)"))
     if name.startswith("ctypes.pythonapi") or name.startswith("ctypes.py_object") or name == "ctypes.memmove":
         scan.findings.append(("evaluator_patched", f"calls {name}() (patches interpreter internals)"))
     # always-equal classes built at run time: type('X', (int,), {'__eq__': lambda s, o: True})
