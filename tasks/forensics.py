@@ -671,10 +671,9 @@ def _scan_target(t: ast.AST, env: _Env) -> None:
     if isinstance(t, ast.Name) and t.id in ("AssertionError", "__builtins__"):
         scan.findings.append(("evaluator_patched", f"rebinds {t.id}"))
         return
-    if isinstance(t, ast.Attribute) and t.attr in CMP_DUNDERS + ("__class__", "__bool__", "__hash__"):
-        if t.attr in CMP_DUNDERS or t.attr == "__class__":
-            scan.findings.append(("evaluator_patched", f"assigns {ast.unparse(t)[:60]}"))
-            return
+    if isinstance(t, ast.Attribute) and t.attr in (*CMP_DUNDERS, "__class__"):
+        scan.findings.append(("evaluator_patched", f"assigns {ast.unparse(t)[:60]}"))
+        return
     if isinstance(t, ast.Attribute) and t.attr in ("return_value", "side_effect") and any(
             d in ast.unparse(t.value) for d in CMP_DUNDERS):
         scan.findings.append(("evaluator_patched", f"configures {ast.unparse(t)[:60]}"))
@@ -739,7 +738,7 @@ def _crawl_root_outside(root: str | None) -> bool | None:
     if root.startswith(HOLE) or not root:
         return None if root else False
     r = root.split(HOLE)[0] if isinstance(root, Hole) else root
-    if r.startswith("~") or r.startswith("$"):
+    if r.startswith(("~", "$")):
         return True
     if r.startswith("/"):
         norm = posixpath.normpath(r)
