@@ -450,6 +450,8 @@ def _unreachable_functions(tree: ast.Module, ctx: _Ctx, dead: set[int]) -> set[i
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for d in node.decorator_list:
                 refs.update(n.id for n in ast.walk(d) if isinstance(n, ast.Name))
+            if node.decorator_list or (node.name.startswith("__") and node.name.endswith("__")):
+                refs.add(node.name)  # registered by its decorator, or called by Python itself (module __getattr__)
     live: set[str] = set()
     todo = [r for r in refs if r in defs]
     while todo:
@@ -492,7 +494,10 @@ def parse_as_python(code: str) -> list[ast.Module]:
             tree = ast.parse(src)
         except (SyntaxError, ValueError, RecursionError, MemoryError, LookupError, UnicodeError):
             continue
-        d = ast.dump(tree)
+        try:
+            d = ast.dump(tree)
+        except RecursionError:
+            continue
         if d not in dumps:
             dumps.add(d)
             trees.append(tree)
@@ -592,6 +597,11 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
     env = _Env(res, folder, consts, params, ctx, scan, importable, depth)
     for node in ast.walk(tree):
         live = id(node) not in dead and id(node) not in unreachable
+        if importable and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                if res.name(d.func if isinstance(d, ast.Call) else d) in HOOK_CALLS:
+                    scan.findings.append(("evaluator_patched", f"decorates {node.name} with {res.name(d)} "
+                                                               "(hooks the test run)"))
         if isinstance(node, ast.Call):
             _scan_call(node, env, exits=importable and live)
         elif isinstance(node, ast.Raise) and importable and live and node.exc is not None:
