@@ -263,13 +263,7 @@ class Folder:
         kw = {k.arg: self.fold(k.value) for k in node.keywords if k.arg}
         name = self.dotted(func)
         short = name.rsplit(".", 1)[-1] if name else (func.attr if isinstance(func, ast.Attribute) else "")
-        if isinstance(func, ast.Attribute) and not name:
-            recv = self.fold(func.value)
-        elif isinstance(func, ast.Attribute) and isinstance(func.value, (ast.Constant, ast.Name, ast.Subscript,
-                                                                        ast.Call, ast.BinOp, ast.JoinedStr)):
-            recv = self.fold(func.value)
-        else:
-            recv = UNKNOWN
+        recv = self.fold(func.value) if isinstance(func, ast.Attribute) else UNKNOWN
         # path helpers keep holes
         if name in ("os.path.join", "posixpath.join") or short == "joinpath":
             parts = [p if isinstance(p, str) else Hole(HOLE) for p in ([recv] if short == "joinpath" else []) + args]

@@ -190,7 +190,7 @@ EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit", "os.abort", "os.kill", "os
               "_thread.interrupt_main", "posix._exit", "posix.kill", "posix.abort", "os.system('kill"}
 LOOKUP_CALLS = {"sys._getframe", "inspect.currentframe", "inspect.stack", "inspect.getouterframes", "inspect.trace",
                 "traceback.extract_stack", "traceback.walk_stack", "gc.get_objects", "gc.get_referrers",
-                "gc.get_referents", "readline.get_history_item", "sys._current_frames", "sys.exc_info"}
+                "gc.get_referents", "readline.get_history_item", "sys._current_frames"}
 # calls that hook the interpreter the tests run in (flagged in code the tests import; trace hooks everywhere)
 HOOK_CALLS = {"sys.settrace", "sys.setprofile", "threading.settrace", "threading.setprofile", "sys.addaudithook",
               "os.register_at_fork", "atexit.register", "signal.signal", "faulthandler.register",
