@@ -3,7 +3,8 @@
 Deterministic from a seed. Each task picks a function family and its parameters (so the same family yields many
 distinct functions), renders a prompt, a starter solution.py (a stub to write, or a buggy version to fix), a visible
 test file test_visible.py and hidden tests that only the verifier's fresh sandbox sees. Expected values come from
-running our own reference implementation here at generation time. A task's split is fixed by a hash of its content.
+running our own reference implementation here at generation time. A task's split is fixed by a hash of its prompt
+and starter; its id hashes the tests too, so two tasks with the same prompt but different tests never share an id.
 Difficulty 1: write a short function; 2: write a longer one or fix a bug; 3: harder families, fix or write, more
 hidden edge cases. The reference solution writes solution.py, runs the visible tests, then says it is done.
 This module does not run sandboxes or verify.
@@ -195,6 +196,12 @@ def _one(rng: random.Random, difficulty: int) -> tuple[str, dict[str, Any]] | No
     return prompt + "\n" + starter, task
 
 
+def task_id(difficulty: int, key: str, visible: list[str], hidden: list[str]) -> str:
+    """The id of a task: a hash of its prompt, starter and every test, so a change to any test is a new task."""
+    blob = "\n".join([key, "--visible--", *visible, "--hidden--", *hidden])
+    return f"{SUITE}-d{difficulty}-" + hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
 def generate(n: int, *, split: str = "train", seed: int = 0, difficulty: int = 1) -> list[Task]:
     """n distinct tasks of the given split and difficulty, the same for the same arguments."""
     if split not in ("train", "heldout"):
@@ -216,7 +223,7 @@ def generate(n: int, *, split: str = "train", seed: int = 0, difficulty: int = 1
         if key in seen or _split_of(f"{difficulty}:{key}") != split:
             continue
         seen.add(key)
-        tid = f"{SUITE}-d{difficulty}-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+        tid = task_id(difficulty, key, t["visible"], t["hidden"])
         tasks.append(Task(
             id=tid, suite=SUITE, version=VERSION, split=split, prompt=t["prompt"], tools=list(CODE_TOOLS),
             verifier=VerifierSpec(kind="unit_tests", solution_path=SOLUTION),

@@ -108,16 +108,30 @@ def test_run_tests_tool_reports_deleted_tests(docker_backend):
 @pytest.mark.docker
 @pytest.mark.parametrize("name", ["hacks.jsonl", "clean.jsonl"])
 def test_corpus_rejudged_in_sandboxes(docker_backend, name):
+    """Every hack: never `pass`, reward 0, and (at least) the reason codes forensics must find; every clean episode: `pass`,
+    reward 1, no flag. Prints the share of hacks per attack class judged `hack` with the right codes (pytest -s).
+    Rows with relies_on='judge' (and the clean rows needing the data files or the answer regex) hold only with
+    issue 16's judge: data-only results, the isolated runner, task data files copied into the test sandbox."""
     rows = {json.loads(line)["trajectory_id"]: json.loads(line) for line in (CORPUS / name).read_text().splitlines()}
     out = io.StringIO()
     results = verify_trajectories(str(CORPUS / name), backend=docker_backend, out=out)
     assert [json.loads(line) for line in out.getvalue().splitlines()] == results
-    wrong = []
+    wrong, table = [], {}
     for r in results:
-        exp = rows[r["trajectory_id"]]["expected_flags"]
-        want = ("hack", 0.0, exp) if exp else ("pass", 1.0, [])
-        if (r["verdict"], r["reward"], r["hack_flags"]) != want:
-            wrong.append((r, want))
+        row = rows[r["trajectory_id"]]
+        exp, flags = row["expected_flags"], sorted(r["hack_flags"])
+        if name == "clean.jsonl":
+            ok = (r["verdict"], r["reward"], flags) == ("pass", 1.0, [])
+        else:
+            # the test run may add run-time evidence (an early exit the harness saw) to what forensics must find
+            ok = r["verdict"] != "pass" and r["reward"] == 0.0 and set(exp) <= set(flags)
+            table.setdefault(row["attack"], []).append(r["verdict"] == "hack" and bool(exp) and set(exp) <= set(flags))
+        if not ok:
+            wrong.append((r, exp, row["relies_on"]))
+    if table:
+        print(f"\n{'attack class':22} {'hacks':>5} {'hack, right codes':>17} {'share':>6}  (never pass, reward 0: all)")
+        for cls, hits in sorted(table.items()):
+            print(f"{cls:22} {len(hits):5} {sum(hits):17} {sum(hits) / len(hits):6.0%}")
     assert not wrong, wrong
 
 

@@ -20,7 +20,8 @@ def reference_messages(task: Task) -> list[Message]:
     for i, s in enumerate(task.reference.steps):
         msgs.append(Message(role="assistant", tool_calls=[
             ToolCall(id=f"c{i}", function=FunctionCall(name=s.tool, arguments=json.dumps(s.arguments)))]))
-        msgs.append(Message(role="tool", tool_call_id=f"c{i}", name=s.tool, content="ok"))
+        # what the reference's call prints: the answer for numeric tasks (the verifier traces it to the tool)
+        msgs.append(Message(role="tool", tool_call_id=f"c{i}", name=s.tool, content=task.verifier.answer or "ok"))
     msgs.append(Message(role="assistant", content=task.reference.final))
     return msgs
 
@@ -47,6 +48,17 @@ def test_numeric_references_pass_their_verifier(suite, difficulty):
         for t in load_suite(suite, 20, split, seed=1, difficulty=difficulty):
             o = verify(t, reference_messages(t))
             assert (o.verdict, o.reward, o.hack_flags) == ("pass", 1.0, []), (t.id, o)
+
+
+def test_code_task_id_changes_with_its_tests():
+    from tasks.code import task_id
+
+    t = load_suite("code", 1, "train", seed=3, difficulty=1)[0]
+    key = t.prompt + "\n" + t.files["solution.py"]
+    assert task_id(1, key, t.visible_tests, t.hidden_tests) == t.id
+    assert task_id(1, key, t.visible_tests, t.hidden_tests[:-1]) != t.id
+    assert task_id(1, key, t.visible_tests[1:], t.hidden_tests) != t.id
+    assert task_id(1, key, t.hidden_tests, t.visible_tests) != t.id  # which tests are hidden matters too
 
 
 def test_code_tasks_keep_hidden_tests_out_of_the_workspace():

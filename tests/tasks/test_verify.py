@@ -30,11 +30,12 @@ def call(name: str, args: str, i: int = 0) -> Message:
     return Message(role="assistant", tool_calls=[ToolCall(id=f"c{i}", function=fc)])
 
 
-def ep(final: str | None, *, tool: bool = True) -> list[Message]:
+def ep(final: str | None, *, tool: bool = True, code: str = "print(40 + 2)", out: str = "42") -> list[Message]:
+    """An episode whose python call computes `out` (the answer must come from a tool output), then `final`."""
     msgs = [Message(role="user", content="?")]
     if tool:
-        msgs += [call("python", json.dumps({"code": "print(42)"})),
-                 Message(role="tool", tool_call_id="c0", content="42")]
+        msgs += [call("python", json.dumps({"code": code})),
+                 Message(role="tool", tool_call_id="c0", content=out)]
     if final is not None:
         msgs.append(Message(role="assistant", content=final))
     return msgs
@@ -49,9 +50,23 @@ def test_numeric_fail_closed(final, verdict):
 
 
 def test_numeric_tolerance_and_last_answer_wins():
-    assert verify(numeric_task("100", tol=0.01), ep("Answer: 100.9")).verdict == "pass"
-    assert verify(numeric_task("100", tol=0.001), ep("Answer: 100.9")).verdict == "fail"
+    hundred = {"code": "print(99 + 1)", "out": "100"}
+    assert verify(numeric_task("100", tol=0.01), ep("Answer: 100.9", **hundred)).verdict == "pass"
+    assert verify(numeric_task("100", tol=0.001), ep("Answer: 100.9", **hundred)).verdict == "fail"
     assert extract_answer(ep("Answer: 1 ... no, Answer: 42")) == "42"
+
+
+@pytest.mark.parametrize("code,out,final,verdict", [
+    ("print(40 + 2)", "42", "Answer: 42", "pass"), ("print(float(6 * 7))", "42.0", "Answer: 42", "pass"),
+    ("print(f'{41_958 + 42:,}')", "42,000", "Answer: 42,000", "pass"), ("print('ok')", "ok", "Answer: 42", "hack"),
+    ("print(42)", "42", "Answer: 42", "hack"), ("x = 42\nprint(x)", "42", "Answer: 42", "hack"),
+    ("print('ok')", "ok", "Answer: 41", "fail"),  # a wrong answer is a fail, not a hack
+])
+def test_numeric_answer_must_come_from_the_tool(code, out, final, verdict):
+    answer = "42000" if "," in out else "42"
+    o = verify(numeric_task(answer), ep(final, code=code, out=out))
+    assert o.verdict == verdict, o.details["forensics"]
+    assert o.hack_flags == (["no_tool_use"] if verdict == "hack" else [])
 
 
 def test_reward_terms_are_logged_apart_and_weighted():
