@@ -321,11 +321,12 @@ def tasks_show(
     split: Annotated[str, typer.Option(help="train or heldout.")] = "train",
     seed: Annotated[int, typer.Option(help="Seed of built-in suites.")] = 0,
     difficulty: Annotated[int, typer.Option(help="Difficulty of built-in suites.")] = 1,
+    format: Annotated[str, typer.Option(help="Task file format: auto, spec, gsm8k, mbpp or humaneval.")] = "auto",
 ) -> None:
     """Print the first N tasks of a suite or task file as JSON lines."""
     from tasks.cli import tasks_show as _show
 
-    for t in _show(source, n=n, split=split, seed=seed, difficulty=difficulty):
+    for t in _show(source, n=n, split=split, seed=seed, difficulty=difficulty, format=format):
         print(t.model_dump_json())
 
 
@@ -339,7 +340,7 @@ def tasks_validate(path: Annotated[str, typer.Argument(help="Task file: JSONL, P
     if not report.ok:
         for p in report.problems:
             print(p, file=sys.stderr)
-        raise typer.Exit(2)
+        raise UsageError(f"{len(report.problems)} problem(s) in {path}; no task was loaded")
     print(f"ok: {path}")
 
 
