@@ -8,6 +8,8 @@ judged twice with the same concurrency (--workers threads over the same backend)
               one fresh sandbox per episode (acquire, one exec, close): tasks.humaneval.official_check
   flywheel    tasks.cli.verify_trajectories (what `flywheel verify` runs) over a trajectory file, --tasks being the
               package's own HumanEval.jsonl.gz: replay, tests, forensics, one JSON line per episode
+  fw+ws       the same with the final workspace in each line (as the episode loop stores it): no replay, only
+              the judge's own sandbox(es); the cost of judging alone
 A warm-up of a few episodes of each runs first (not timed). The table gives wall time, episodes/s, the ratio of
 flywheel's wall time to the reference's, and how many verdicts agree (pass vs passed). Goal (issue 16): ratio at
 most 2x on Docker, at most 1.2x on local. Writes JSON (--out).
@@ -36,6 +38,7 @@ from sandbox.result import SandboxConfig
 from tasks.cli import verify_trajectories
 from tasks.humaneval import humaneval_path, mutants, official_check, read_problems, trajectory_line
 from tasks.loaders import load_tasks
+from tasks.tools import pristine_snapshot
 
 GOALS = {"docker": 2.0, "local": 1.2}
 
@@ -55,9 +58,17 @@ def run_reference(eps, backend, workers: int) -> tuple[list[bool], float]:
     return [r.passed for r in res], time.perf_counter() - t
 
 
-def run_flywheel(eps, tasks, backend, workers: int, folder: Path) -> tuple[list[dict], float]:
+def run_flywheel(eps, tasks, backend, workers: int, folder: Path, *, with_workspace: bool = False
+                 ) -> tuple[list[dict], float]:
+    lines = []
+    for tid, p, src in eps:
+        task = tasks[p["task_id"]]
+        line = trajectory_line(task, src, tid)
+        if with_workspace:  # what the episode loop stores: the final workspace, so no replay is needed
+            line["workspace"] = pristine_snapshot({**task.files, task.verifier.solution_path: src}).model_dump()
+        lines.append(json.dumps(line) + "\n")
     traj = folder / f"episodes-{len(eps)}.jsonl"
-    traj.write_text("".join(json.dumps(trajectory_line(tasks[p["task_id"]], src, tid)) + "\n" for tid, p, src in eps))
+    traj.write_text("".join(lines))
     t = time.perf_counter()
     res = verify_trajectories(str(traj), tasks_path=str(humaneval_path()), backend=backend, workers=workers,
                               out=io.StringIO())
@@ -72,6 +83,7 @@ def bench(name: str, eps, tasks, workers: int, folder: Path) -> dict:
         run_flywheel(warm, tasks, be, workers, folder)
         ref, ref_s = run_reference(eps, be, workers)
         ours, fw_s = run_flywheel(eps, tasks, be, workers, folder)
+        ours_ws, ws_s = run_flywheel(eps, tasks, be, workers, folder, with_workspace=True)
     finally:
         be.shutdown()
     disagree = [{"episode": e[0], "flywheel": o["verdict"], "official_passed": r, "hack_flags": o["hack_flags"],
@@ -80,6 +92,8 @@ def bench(name: str, eps, tasks, workers: int, folder: Path) -> dict:
     return {"backend": name, "episodes": len(eps), "workers": workers,
             "reference_s": ref_s, "reference_eps_per_s": len(eps) / ref_s,
             "flywheel_s": fw_s, "flywheel_eps_per_s": len(eps) / fw_s, "ratio": fw_s / ref_s,
+            "flywheel_workspace_s": ws_s, "ratio_workspace": ws_s / ref_s,
+            "workspace_agree": sum((o["verdict"] == "pass") == r for o, r in zip(ours_ws, ref)),
             "goal_ratio": GOALS[name], "meets_goal": fw_s / ref_s <= GOALS[name],
             "official_passed": sum(ref), "flywheel_passed": sum(o["verdict"] == "pass" for o in ours),
             "agree": len(eps) - len(disagree), "disagreements": disagree}
@@ -101,13 +115,14 @@ def main() -> None:
     print(f"\nHumanEval: {args.n} problems x (canonical + {args.mutants} mutants) = {len(eps)} episodes, "
           f"{args.workers} workers, {os.cpu_count()} cores")
     head = f"{'backend':8} {'reference s':>11} {'ref eps/s':>9} {'flywheel s':>10} {'fw eps/s':>8} {'ratio':>6} " \
-           f"{'goal':>5} {'agree':>9} {'passed ref/fw':>13}"
+           f"{'goal':>5} {'agree':>9} {'passed ref/fw':>13} {'fw+ws s':>8} {'ratio':>6} {'agree':>9}"
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['backend']:8} {r['reference_s']:11.2f} {r['reference_eps_per_s']:9.1f} {r['flywheel_s']:10.2f} "
               f"{r['flywheel_eps_per_s']:8.1f} {r['ratio']:5.2f}x {r['goal_ratio']:4.1f}x "
-              f"{r['agree']:>4}/{r['episodes']:<4} {r['official_passed']:>6}/{r['flywheel_passed']:<6}")
+              f"{r['agree']:>4}/{r['episodes']:<4} {r['official_passed']:>6}/{r['flywheel_passed']:<6} "
+              f"{r['flywheel_workspace_s']:8.2f} {r['ratio_workspace']:5.2f}x {r['workspace_agree']:>4}/{r['episodes']:<4}")
         for d in r["disagreements"]:
             print(f"  disagreement {d['episode']}: flywheel {d['flywheel']} {d['hack_flags']} "
                   f"{json.dumps(d['failed'])[:300]} {d['error'] or ''}; official passed={d['official_passed']}")
