@@ -21,6 +21,7 @@ bench:
 	.venv/bin/python benchmarks/warehouse.py --n 100000
 	.venv/bin/python benchmarks/rollout.py
 	.venv/bin/python benchmarks/http_client.py
+	.venv/bin/python benchmarks/verify.py --backend both --n 10
 
 lint:
 	.venv/bin/ruff check .

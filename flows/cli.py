@@ -281,17 +281,20 @@ def verify(
     trajectories: Annotated[Path, typer.Option(help="JSONL file of trajectories (the record's messages format).")],
     tasks: Annotated[Optional[str], typer.Option(help="Task file (JSONL/Parquet) the trajectories refer to.")] = None,
     backend: Annotated[str, typer.Option(help="Sandbox backend for code tasks: docker, local or auto.")] = "auto",
+    workers: Annotated[int, typer.Option(help="Episodes judged at once (output keeps the input order).")] = 4,
 ) -> None:
-    """Re-judge trajectories: one JSON line each with trajectory_id, verdict, reward and hack_flags."""
+    """Re-judge trajectories: one JSON line each with trajectory_id, verdict, reward, hack_flags and what failed."""
     from sandbox.backend import open_backend
     from sandbox.result import SandboxConfig
     from tasks.cli import verify_trajectories
 
     if not trajectories.is_file():
         raise UsageError(f"trajectory file {trajectories} does not exist; pass a JSONL file to --trajectories")
-    be = open_backend(SandboxConfig(backend=backend))
+    if workers < 1:
+        raise UsageError(f"--workers must be at least 1, not {workers}")
+    be = open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(workers, 8)))
     try:
-        verify_trajectories(str(trajectories), tasks_path=tasks, backend=be)
+        verify_trajectories(str(trajectories), tasks_path=tasks, backend=be, workers=workers)
     finally:
         be.shutdown()
 
@@ -321,11 +324,12 @@ def tasks_show(
     split: Annotated[str, typer.Option(help="train or heldout.")] = "train",
     seed: Annotated[int, typer.Option(help="Seed of built-in suites.")] = 0,
     difficulty: Annotated[int, typer.Option(help="Difficulty of built-in suites.")] = 1,
+    format: Annotated[str, typer.Option(help="Task file format: auto, spec, gsm8k, mbpp or humaneval.")] = "auto",
 ) -> None:
     """Print the first N tasks of a suite or task file as JSON lines."""
     from tasks.cli import tasks_show as _show
 
-    for t in _show(source, n=n, split=split, seed=seed, difficulty=difficulty):
+    for t in _show(source, n=n, split=split, seed=seed, difficulty=difficulty, format=format):
         print(t.model_dump_json())
 
 
@@ -339,7 +343,7 @@ def tasks_validate(path: Annotated[str, typer.Argument(help="Task file: JSONL, P
     if not report.ok:
         for p in report.problems:
             print(p, file=sys.stderr)
-        raise typer.Exit(2)
+        raise UsageError(f"{len(report.problems)} problem(s) in {path}; no task was loaded")
     print(f"ok: {path}")
 
 

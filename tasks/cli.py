@@ -1,22 +1,24 @@
 """Plain functions behind `flywheel verify --trajectories FILE.jsonl [--tasks FILE]` and `flywheel tasks ...`.
 
 flows/cli.py wires them to the command line; they print nothing themselves except `verify_trajectories`, which
-writes one JSON line per trajectory to `out` (trajectory_id, verdict, reward, hack_flags; plus `error` on a line it
-could not judge). A trajectory line is a record in the warehouse's format (at least `messages` and `task_id`);
-its task comes from --tasks (by id) or from a `task` object embedded in the line; an optional `workspace` object
-(a tasks.tools.WorkspaceSnapshot) spares the replay of a code episode. This module holds no verification logic.
+writes one JSON line per trajectory to `out` (trajectory_id, verdict, reward, hack_flags; `failed`: per test what
+failed; `error` on a line it could not judge), judging several at once but writing the lines in input order. A
+trajectory line is a record in the warehouse's format (at least `messages` and `task_id`); its task comes from
+--tasks (by id) or from a `task` object embedded in the line; an optional `workspace` object (a
+tasks.tools.WorkspaceSnapshot) spares the replay of a code episode. This module holds no verification logic.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from sandbox.result import Backend
+from sandbox.result import Backend, SandboxError
 from tasks.loaders import ValidationReport, load_tasks, validate_file, write_tasks
 from tasks.spec import Task
 from tasks.suites import SuiteInfo, list_suites, load_suite
@@ -57,46 +59,83 @@ def _line_result(tid: str, verdict: str, reward: float | None, flags: list[str],
     return out
 
 
-def verify_trajectories(path: str, *, tasks_path: str | None = None, backend: Backend | None = None,
-                        out: TextIO | None = None) -> list[dict[str, Any]]:
-    """Re-judge each trajectory of a JSONL file; write and return one result dict per line.
+def failed_tests(details: dict[str, Any]) -> list[dict[str, Any]]:
+    """What failed, per test: name, status, error (last lines), and expected / got where the result has them."""
+    out = []
+    for r in details.get("tests") or []:
+        if r.get("status") == "pass":
+            continue
+        f = {"name": r.get("name"), "status": r.get("status")}
+        if r.get("error"):
+            f["error"] = str(r["error"])[-400:]
+        for k in ("expected", "got"):
+            if r.get(k) is not None:
+                f[k] = r[k]
+        if r.get("events"):
+            f["events"] = r["events"]
+        out.append(f)
+    return out
 
-    verdict is pass/fail/hack, or `infra_error` (the verifier could not run: no backend for a code task, sandbox
-    down) or `invalid` (the line cannot be judged: bad JSON, unknown task, malformed messages), with `error` set.
+
+def _judge(job: tuple[str, Task, list[Message], WorkspaceSnapshot | None] | dict, backend: Backend | None) -> dict:
+    if isinstance(job, dict):  # a line that could not be read: already its result
+        return job
+    tid, task, msgs, ws = job
+    try:
+        o = verify(task, msgs, backend=backend, workspace=ws)
+    except (VerifierUnavailable, SandboxError) as e:
+        return _line_result(tid, "infra_error", None, [], str(e))
+    res = _line_result(tid, o.verdict, o.reward, o.hack_flags, o.details.get("error"))
+    if getattr(o, "verifier_strength", None):
+        res["verifier_strength"] = o.verifier_strength
+    if o.verdict != "pass" and (failed := failed_tests(o.details)):
+        res["failed"] = failed
+    return res
+
+
+def _read_line(path: str, n: int, line: str, tasks: dict[str, Task]):
+    tid = f"line-{n}"
+    try:
+        rec = json.loads(line)
+        if not isinstance(rec, dict):
+            raise ValueError("a trajectory line must be a JSON object")
+        tid = str(rec.get("trajectory_id") or tid)
+        msgs = [Message.model_validate({k: v for k, v in m.items() if v is not None or k == "content"})
+                for m in rec.get("messages") or []]
+        if not msgs:
+            raise ValueError("the trajectory has no messages")
+        if rec.get("task_id") in tasks:
+            task = tasks[rec["task_id"]]
+        elif isinstance(rec.get("task"), dict):
+            task = Task.model_validate(rec["task"])
+        else:
+            raise ValueError(f"task {rec.get('task_id')!r} is not in --tasks and the line embeds no task; "
+                             "pass --tasks FILE")
+        ws = WorkspaceSnapshot.model_validate(rec["workspace"]) if rec.get("workspace") else None
+    except (ValueError, ValidationError, AttributeError, TypeError) as e:
+        return _line_result(tid, "invalid", None, [], f"{path}:{n}: {e}")
+    return tid, task, msgs, ws
+
+
+def verify_trajectories(path: str, *, tasks_path: str | None = None, backend: Backend | None = None,
+                        out: TextIO | None = None, workers: int = 4) -> list[dict[str, Any]]:
+    """Re-judge each trajectory of a JSONL file; write and return one result dict per line, in input order.
+
+    Up to `workers` episodes are judged at once (a bounded thread pool over the backend). verdict is
+    pass/fail/hack, or `infra_error` (the verifier could not run: no backend for a code task, sandbox down) or
+    `invalid` (the line cannot be judged: bad JSON, unknown task, malformed messages), with `error` set. A line that
+    is not a pass says per test what failed in `failed` (name, status, error; expected and got where known).
     """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
     out = out if out is not None else sys.stdout
     tasks = {t.id: t for t in load_tasks(tasks_path)} if tasks_path else {}
+    jobs = [_read_line(path, n, line, tasks)
+            for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
     results = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        tid = f"line-{n}"
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("a trajectory line must be a JSON object")
-            tid = str(rec.get("trajectory_id") or tid)
-            msgs = [Message.model_validate({k: v for k, v in m.items() if v is not None or k == "content"})
-                    for m in rec.get("messages") or []]
-            if not msgs:
-                raise ValueError("the trajectory has no messages")
-            if rec.get("task_id") in tasks:
-                task = tasks[rec["task_id"]]
-            elif isinstance(rec.get("task"), dict):
-                task = Task.model_validate(rec["task"])
-            else:
-                raise ValueError(f"task {rec.get('task_id')!r} is not in --tasks and the line embeds no task; "
-                                 "pass --tasks FILE")
-            ws = WorkspaceSnapshot.model_validate(rec["workspace"]) if rec.get("workspace") else None
-        except (ValueError, ValidationError) as e:
-            res = _line_result(tid, "invalid", None, [], f"{path}:{n}: {e}")
-        else:
-            try:
-                o = verify(task, msgs, backend=backend, workspace=ws)
-                res = _line_result(tid, o.verdict, o.reward, o.hack_flags)
-            except VerifierUnavailable as e:
-                res = _line_result(tid, "infra_error", None, [], str(e))
-        out.write(json.dumps(res) + "\n")
-        out.flush()
-        results.append(res)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify") as pool:
+        for res in pool.map(lambda j: _judge(j, backend), jobs):  # map yields in input order
+            out.write(json.dumps(res) + "\n")
+            out.flush()
+            results.append(res)
     return results

