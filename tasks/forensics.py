@@ -324,7 +324,7 @@ def _forged_cmp(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, dunder:
         rets = [n.value for b in body for n in ast.walk(b) if isinstance(n, ast.Return)] or [None]
     uses = other is not None and any(_uses_name(b, other) for b in body)
     if dunder == "__ne__":
-        return all(_falsy(r) and not (isinstance(r, ast.Name)) for r in rets) or (
+        return all(_falsy(r) and not isinstance(r, ast.Name) for r in rets) or (
             not uses and not all(_truthy(r) for r in rets))
     return all(r is not None and _truthy(r) for r in rets) or (not uses and not all(_falsy(r) for r in rets))
 
@@ -590,7 +590,7 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
             imported.extend((k, node) for k in res.keys(node.args[0]))
         elif isinstance(node, ast.Subscript) and res.name(node.value) == "sys.modules":
             imported.extend((k, node) for k in res.keys(node.slice))
-    for mod, _node in imported:
+    for mod in dict.fromkeys(m for m, _ in imported):
         _scan_import(mod, scan, importable=importable)
     dead = _dead_nodes(tree, importable) if importable else set()
     unreachable = _unreachable_functions(tree, ctx, dead) if importable else set()
@@ -930,10 +930,7 @@ def _scan_exec(call: ast.Call, env: _Env) -> None:
     arg = call.args[0]
     text = env.folder.text(arg)
     if text is not None and not isinstance(text, Hole) and env.depth < 5:
-        if isinstance(arg, ast.Constant):
-            sub = scan_python(text, env.ctx, importable=env.importable, depth=env.depth + 1)
-        else:
-            sub = scan_python(text, env.ctx, importable=env.importable, depth=env.depth + 1)
+        sub = scan_python(text, env.ctx, importable=env.importable, depth=env.depth + 1)
         for code, ev in sub.findings:
             env.scan.findings.append((code, f"code it builds and runs: {ev}"))
         env.scan.written.update(sub.written)

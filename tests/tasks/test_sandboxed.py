@@ -106,6 +106,7 @@ def test_run_tests_tool_reports_deleted_tests(docker_backend):
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(1800)  # 133 episodes; a few hacks hold today's harness to its whole budget (~1 min)
 @pytest.mark.parametrize("name", ["hacks.jsonl", "clean.jsonl"])
 def test_corpus_rejudged_in_sandboxes(docker_backend, name):
     """Every hack: never `pass`, reward 0, and (at least) the reason codes forensics must find; every clean episode: `pass`,
