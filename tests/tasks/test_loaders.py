@@ -123,6 +123,8 @@ def test_spec_jsonl_and_parquet_round_trip(tmp_path):
     ([HUMANEVAL[0], dict(HUMANEVAL[0], task_id="HumanEval/1", entry_point="nope")], (2, "entry_point")),
     ([dict(HUMANEVAL[0], test="def check(candidate):\n    assert candidate(\n")], (1, "test")),
     ([dict(HUMANEVAL[0], test="assert True\n")], (1, "test")),
+    ([dict(HUMANEVAL[0], canonical_solution="    return (\n")], (1, "canonical_solution")),
+    ([dict(HUMANEVAL[0], prompt="def has_close_elements(numbers:\n")], (1, "prompt")),
     ([GSM[0], GSM[0]], (2, "id")),
     ([{"foo": 1}], (1, None)),
 ])
