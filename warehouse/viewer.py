@@ -277,6 +277,7 @@ def episode(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict[str, Any
     for m in row["messages"] or []:
         if m["role"] == "tool" and m.get("tool_call_id") in calls:
             m["call"] = calls[m["tool_call_id"]]
+    row["findings"] = group_findings(row["forensics"], row["messages"] or [])
     row["snapshots"] = _rows(con, """SELECT m.snapshot_id, m.weight, d.run_id, d.round::INTEGER AS round
                                      FROM manifests m LEFT JOIN datasets d USING (snapshot_id)
                                      WHERE m.trajectory_id = ? ORDER BY d.created_at, m.snapshot_id""",
@@ -284,6 +285,38 @@ def episode(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict[str, Any
     row["siblings"] = _rows(con, """SELECT count(*) AS n, count(*) FILTER (WHERE verdict = 'pass') AS passed
                                     FROM trajectories WHERE task_id = ?""", [row["task_id"]])[0]
     return row
+
+
+_EVIDENCE_PATH = re.compile(r"^([\w][\w./-]*): ")
+
+
+def _turn_writing(path: str, messages: list[dict[str, Any]]) -> int | None:
+    """The last assistant turn whose tool call names `path` as its argument `path` (the write that left it)."""
+    for m in reversed(messages):
+        for tc in m.get("tool_calls") or []:
+            if isinstance(tc.get("parsed"), dict) and tc["parsed"].get("path") == path:
+                return m["idx"]
+    return None
+
+
+def group_findings(findings: list[dict[str, Any]], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Forensics findings grouped by reason code, each evidence with its channel and turn. A finding without a
+    turn whose evidence names a file ("solution.py: calls sys.exit()") gets the turn of the tool call that wrote
+    that file, marked as located (not stated by forensics)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        if not isinstance(f, dict):
+            continue
+        turn, located = f.get("turn"), False
+        if turn is None and (m := _EVIDENCE_PATH.match(str(f.get("evidence", "")))):
+            turn = _turn_writing(m.group(1), messages)
+            located = turn is not None
+        g = groups.setdefault(str(f.get("code")), {"code": str(f.get("code")), "evidence": [], "turns": []})
+        g["evidence"].append({"channel": f.get("channel"), "evidence": f.get("evidence"), "turn": turn,
+                           "located": located})
+        if turn is not None and turn not in g["turns"]:
+            g["turns"].append(turn)
+    return list(groups.values())
 
 
 # ----------------------------------------------------------------------------- a task
