@@ -207,6 +207,22 @@ def round_report_markdown(run_id: str, round: int, metrics: list[dict[str, Any]]
     return "\n".join(lines)
 
 
+def viewer_links(viewer_url: str | None, run_id: str, snapshot_ids: list[str] | None = None) -> str:
+    """Markdown links to a run's pages in `flywheel view` (run, its episodes, hacks, failures, snapshots);
+    '' when no viewer URL is configured (run.viewer_url)."""
+    if not viewer_url:
+        return ""
+    from urllib.parse import quote, urlencode
+
+    base = viewer_url.rstrip("/")
+    run = quote(run_id, safe="")
+    links = [f"[run {run_id}]({base}/runs/{run})", f"[all episodes]({base}/episodes?{urlencode({'run_id': run_id})})",
+             f"[hacks]({base}/episodes?{urlencode({'run_id': run_id, 'verdict': 'hack'})})",
+             f"[failures]({base}/episodes?{urlencode({'run_id': run_id, 'verdict': 'fail'})})"]
+    links += [f"[snapshot {s}]({base}/snapshots/{quote(s, safe='')})" for s in snapshot_ids or []]
+    return "\n## In flywheel view\n\n" + " · ".join(links) + "\n"
+
+
 def publish_round_report(root: str, run_id: str, round: int, sections: dict[str, str] | None = None,
                          key: str = "round-report") -> UUID:
     """Query the lake's `rounds` table and publish the round report as a markdown artifact."""

@@ -226,7 +226,7 @@ def create_app(root: str) -> FastAPI:
     def _page_episodes(con: Any, q: EpisodeQuery, params: dict[str, Any], result: dict[str, Any] | None,
                        error: str | None) -> HTMLResponse:
         return render("episodes.html", status=400 if error else 200, q=q, params=params, result=result, error=error,
-                    choices=viewer.filter_choices(con), columns=viewer.LIST_COLUMNS, sortable=viewer.SORTABLE,
+                    choices=viewer.filter_choices(con, root), columns=viewer.LIST_COLUMNS, sortable=viewer.SORTABLE,
                     page_sizes=viewer.PAGE_SIZES)
 
     @app.get("/episodes/{trajectory_id}", response_class=HTMLResponse)

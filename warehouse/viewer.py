@@ -21,6 +21,7 @@ import duckdb
 
 from warehouse.lake import open_lake
 from warehouse.query import connect
+from warehouse.tables import TRAJECTORIES_DIR
 
 PAGE_SIZES = (25, 50, 100, 200)
 # Columns of the episode list, in display order; every one of them can be sorted on.
@@ -231,8 +232,26 @@ def episode_list(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> dict[str, A
     return {"rows": rows, "total": total, "pages": pages}
 
 
-def filter_choices(con: duckdb.DuckDBPyConnection) -> dict[str, list[Any]]:
-    """Distinct values for the list's drop-downs (one scan of small columns; task ids are typed, not listed)."""
+_CHOICES: dict[str, tuple[tuple, dict[str, list[Any]]]] = {}
+
+
+def lake_state(root: str) -> tuple:
+    """(path, size, mtime) of every trajectory file: changes whenever a writer adds or compacts a file."""
+    lake = open_lake(root)
+    return tuple((f.path, f.size, f.mtime) for f in lake.list_files(lake.join(TRAJECTORIES_DIR)))
+
+
+def filter_choices(con: duckdb.DuckDBPyConnection, root: str | None = None) -> dict[str, list[Any]]:
+    """Distinct values for the list's drop-downs (one scan of small columns; task ids are typed, not listed).
+    With root, remembered until the lake's trajectory files change (a scan of a large lake is not free)."""
+    if root is not None:
+        state = lake_state(root)
+        hit = _CHOICES.get(root)
+        if hit is not None and hit[0] == state:
+            return hit[1]
+        choices = filter_choices(con)
+        _CHOICES[root] = (state, choices)
+        return choices
     cols = ("run_id", "round", "source", "policy", "suite", "split", "verdict")
     sel = ", ".join(f'list(DISTINCT "{c}" ORDER BY "{c}") AS "{c}"' for c in cols)
     row = _rows(con, f"SELECT {sel}, list(DISTINCT h ORDER BY h) FILTER (WHERE h IS NOT NULL) AS hack "

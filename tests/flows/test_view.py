@@ -286,3 +286,17 @@ def test_episode_page_in_a_real_browser(server, lake, browser, tmp_path):
         print(f"screenshots: {', '.join(map(str, kept))}")
     for s in shots:
         assert s.stat().st_size > 10_000, f"{s} looks blank"
+
+
+def test_artifact_links_open_viewer_pages(server, lake):
+    import re
+
+    from flows.artifacts import viewer_links
+
+    assert viewer_links(None, RUN_ID) == ""
+    md = viewer_links(server.url + "/", RUN_ID, [lake["snapshot_id"]])
+    urls = re.findall(r"\]\((http[^)]+)\)", md)
+    assert len(urls) == 5
+    for url in urls:
+        code, body = server.get(url[len(server.url):])
+        assert code == 200, (url, body[:1000])
