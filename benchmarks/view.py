@@ -49,7 +49,7 @@ def build(root: str, n: int, batch: int) -> float:
 
 def pctl(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p * (len(xs) - 1)))]
 
 
 def main() -> None:
@@ -129,12 +129,12 @@ def main() -> None:
     for name, params in cases.items():
         params = {k: v for k, v in params.items() if v != ""}
         path = "/episodes?" + urllib.parse.urlencode(params)
-        page_t = timed(lambda _i: fetch(path), args.repeat)
+        page_t = timed(lambda _i, path=path: fetch(path), args.repeat)
         filters = {k: v for k, v in params.items() if k not in ("sort", "page", "hack", "where")}
         q = EpisodeQuery(filters=filters, hack=params.get("hack"), where=params.get("where"),
                          sort=params.get("sort", "created_at"), page=int(params.get("page", 1)))
         page_sql, count_sql, sql_params = sql_of(q)
-        sql_t = timed(lambda _i: duck(page_sql, sql_params) + duck(count_sql, sql_params), args.repeat)
+        sql_t = timed(lambda _i, a=page_sql, b=count_sql, p=sql_params: duck(a, p) + duck(b, p), args.repeat)
         results.append({"case": name, "path": path, "page_ms": [x * 1e3 for x in page_t],
                         "sql_ms": [x * 1e3 for x in sql_t]})
     ep_t = timed(lambda i: fetch(f"/episodes/{ids[i % len(ids)]}"), args.repeat)

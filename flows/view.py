@@ -63,9 +63,9 @@ def highlight(code: str, lang: str | None = None, filename: str | None = None) -
 
 
 def _pygments_css() -> str:
-    from pygments.formatters import HtmlFormatter
-
     import re
+
+    from pygments.formatters import HtmlFormatter
 
     return re.sub(r"\s*/\*.*?\*/", "", HtmlFormatter(style="friendly").get_style_defs(".code"))
 

@@ -71,6 +71,14 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = N
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
+def _one(con: duckdb.DuckDBPyConnection, sql: str, key: str, missing: str, title: str) -> dict[str, Any]:
+    """The one row `sql` finds for `key`, or a 404 ViewError with the message `missing`."""
+    found = _rows(con, sql, [key])
+    if not found:
+        raise ViewError(missing, 404, title)
+    return found[0]
+
+
 def _json(text: str | None, default: Any) -> Any:
     if not text:
         return default
@@ -273,11 +281,9 @@ def split_reasoning(content: str | None) -> tuple[str | None, str]:
 
 def episode(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict[str, Any]:
     """Everything about one episode: the row, its JSON fields parsed, and the snapshots that used it."""
-    found = _rows(con, "SELECT * FROM trajectories WHERE trajectory_id = ?", [trajectory_id])
-    if not found:
-        raise ViewError(f"episode {trajectory_id!r} is not in this lake: find it in the episode list (/episodes)",
-                        404, "Unknown episode")
-    row = found[0]
+    row = _one(con, "SELECT * FROM trajectories WHERE trajectory_id = ?", trajectory_id,
+               f"episode {trajectory_id!r} is not in this lake: find it in the episode list (/episodes)",
+               "Unknown episode")
     row["sampling"] = _json(row.pop("sampling_json"), {})
     row["tools"] = _json(row.pop("tools_json"), [])
     row["reward_terms"] = _json(row.pop("reward_terms_json"), {})
@@ -369,17 +375,15 @@ def task_page(con: duckdb.DuckDBPyConnection, task_id: str) -> dict[str, Any]:
 def snapshot_page(con: duckdb.DuckDBPyConnection, snapshot_id: str) -> dict[str, Any]:
     """A snapshot's datasets row, its mix by source and suite (from the manifest), drops by reason (from the
     curation counts), and the filter that lists its candidates that were left out."""
-    found = _rows(con, "SELECT * FROM datasets WHERE snapshot_id = ?", [snapshot_id])
-    if not found:
-        raise ViewError(f"snapshot {snapshot_id!r} is not in this lake's datasets table: pick one on a run's page",
-                        404, "Unknown snapshot")
-    snap = found[0]
+    snap = _one(con, "SELECT * FROM datasets WHERE snapshot_id = ?", snapshot_id,
+                f"snapshot {snapshot_id!r} is not in this lake's datasets table: pick one on a run's page",
+                "Unknown snapshot")
     snap["counts"] = _json(snap.pop("counts_json"), {})
     snap["config"] = _json(snap.pop("config_json"), {})
     snap["mix"] = _rows(con, """SELECT source, suite, count(*) AS n, sum(weight) AS weight FROM manifests
                                 WHERE snapshot_id = ? GROUP BY ALL ORDER BY source, suite""", [snapshot_id])
     snap["drops"] = sorted((snap["counts"].get("dropped_by_reason") or {}).items(), key=lambda kv: -kv[1])
-    include_earlier = bool(((snap["config"] or {}).get("include_earlier_rounds", True)))
+    include_earlier = bool((snap["config"] or {}).get("include_earlier_rounds", True))
     op = "<=" if include_earlier else "="
     # The lake keeps counts per drop reason, not each row's reason: link the candidates that were not selected.
     snap["left_out_where"] = (f"round {op} {int(snap['round'])} AND trajectory_id NOT IN (SELECT trajectory_id "

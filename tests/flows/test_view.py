@@ -221,7 +221,7 @@ def test_empty_lake_and_unknown_root(tmp_path):
     finally:
         s.stop()
     r = subprocess.run([FLYWHEEL, "view", "--root", str(tmp_path / "missing"), "--port", str(_free_port())],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "error: lake root" in r.stderr and "does not exist" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -232,7 +232,7 @@ def test_port_in_use_is_one_error_line(tmp_path):
         held.listen()
         port = held.getsockname()[1]
         r = subprocess.run([FLYWHEEL, "view", "--root", str(tmp_path), "--port", str(port)],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
 
 
@@ -271,15 +271,14 @@ def test_episode_page_in_a_real_browser(server, lake, browser, tmp_path):
         assert browser.eval("document.querySelectorAll('.msg.flagged').length") > 0
         shots.append(browser.screenshot(tmp_path / "2-episode.png", full_page=True))
 
-        browser.goto(f"{server.url}/tasks/{lake['hacked']['task_id']}")
-        browser.wait_for_text("Teacher vs student", "ref-student", timeout_s=30)
-        shots.append(browser.screenshot(tmp_path / "3-task.png"))
-        browser.goto(f"{server.url}/snapshots/{lake['snapshot_id']}")
-        browser.wait_for_text("Mix by source", "Drops by reason", timeout_s=30)
-        shots.append(browser.screenshot(tmp_path / "4-snapshot.png"))
-        browser.goto(f"{server.url}/runs/{RUN_ID}")
-        browser.wait_for_text("Episodes per round", "Snapshots", timeout_s=30)
-        shots.append(browser.screenshot(tmp_path / "5-run.png"))
+        for name, path, needles in (("3-task", f"/tasks/{lake['hacked']['task_id']}", ("Teacher vs student",
+                                                                                       "ref-student")),
+                                    ("4-snapshot", f"/snapshots/{lake['snapshot_id']}", ("Mix by source",
+                                                                                         "Drops by reason")),
+                                    ("5-run", f"/runs/{RUN_ID}", ("Episodes per round", "Snapshots"))):
+            browser.goto(server.url + path)
+            browser.wait_for_text(*needles, timeout_s=30)
+            shots.append(browser.screenshot(tmp_path / f"{name}.png"))
     finally:
         OUT.mkdir(parents=True, exist_ok=True)
         kept = [shutil.copy(s, OUT / s.name) for s in shots]
