@@ -5,6 +5,7 @@ dashes) with an error naming the fix, table cells are made JSON-safe, and calls 
 they also work from inside a running event loop (the rollout loop). Each helper must run inside a flow or task
 run (that is where Prefect attaches the artifact). The round report is built from the lake's long-format
 `rounds` table by a pure function (`round_report_markdown`) that tests and the CLI can use without Prefect.
+`viewer_links` adds links to the run's pages in `flywheel view` when `run.viewer_url` is set.
 It computes no metric itself.
 """
 
