@@ -52,10 +52,10 @@ def check_root(root: str) -> str:
 
 
 def open_view(root: str) -> duckdb.DuckDBPyConnection:
-    """query.connect(root), then locked for reading: a local lake's connection may touch no file outside the
-    lake's folder, and no setting can be changed afterwards."""
+    """query.connect(root, read_only=True) (a corrupt file is skipped with a warning, not moved), then locked for
+    reading: a local lake's connection may touch no file outside the lake's folder, and no setting can change."""
     check_root(root)
-    con = connect(root)
+    con = connect(root, read_only=True)
     lake = open_lake(root)
     if lake.local:
         base = os.path.abspath(lake.base).rstrip("/") + "/"

@@ -299,3 +299,18 @@ def test_artifact_links_open_viewer_pages(server, lake):
     for url in urls:
         code, body = server.get(url[len(server.url):])
         assert code == 200, (url, body[:1000])
+
+
+def test_a_corrupt_file_is_skipped_and_left_in_place(lake, tmp_path):
+    root = tmp_path / "lake"
+    shutil.copytree(lake["root"], root)
+    bad = root / "trajectories" / f"run={RUN_ID}" / "round=0" / "part-zzzz-torn.parquet"
+    bad.write_bytes(b"PAR1" + b"\0" * 64)  # a torn write: no footer
+    s = Server(str(root), tmp_path / "corrupt.log")
+    try:
+        code, body = s.get("/")
+        assert code == 200 and "30 episodes" in body, body[:2000]
+    finally:
+        s.stop()
+    assert bad.exists() and not (root / "quarantine").exists()
+    assert "skipping corrupt lake file" in s.log_path.read_text()
