@@ -388,4 +388,13 @@ def snapshot_page(con: duckdb.DuckDBPyConnection, snapshot_id: str) -> dict[str,
     # The lake keeps counts per drop reason, not each row's reason: link the candidates that were not selected.
     snap["left_out_where"] = (f"round {op} {int(snap['round'])} AND trajectory_id NOT IN (SELECT trajectory_id "
                               f"FROM manifests WHERE snapshot_id = '{snapshot_id.replace(chr(39), chr(39) * 2)}')")
+    # A (source, verdict) pair whose left-out rows all share one reason links to exactly those rows.
+    table = snap["counts"].get("table") or []
+    reasons: dict[tuple[str, str], set[str]] = {}
+    for c in table:
+        if c.get("outcome") != "selected":
+            reasons.setdefault((c.get("source"), c.get("verdict")), set()).add(c.get("outcome"))
+    for c in table:
+        c["exact_link"] = c.get("outcome") != "selected" and len(reasons.get((c.get("source"), c.get("verdict")),
+                                                                             ())) == 1
     return snap

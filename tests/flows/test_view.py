@@ -150,6 +150,12 @@ def test_runs_run_and_snapshot_pages(server, lake):
     code, body = server.get(left_out)
     assert code == 200, body[:2000]
     assert f"<strong>{lake['n_dropped']}</strong> episodes" in body
+    code, body = server.get(f"/snapshots/{lake['snapshot_id']}")
+    hack_link = body.split("verdict=hack", 1)[0].rsplit('href="', 1)[1] + "verdict=hack" + \
+        body.split("verdict=hack", 1)[1].split('"', 1)[0]
+    code, body = server.get(hack_link.replace("&amp;", "&"))
+    n_hack = body.split("<strong>", 1)[1].split("</strong>", 1)[0]
+    assert code == 200 and 'class="badge pass"' not in body and int(n_hack) > 0
 
 
 def test_episode_list_filters_sort_and_pages(server, lake):
