@@ -7,6 +7,7 @@ not counted):
   list       /episodes (first page, newest first), /episodes?verdict=fail&suite=...&sort=reward (a filtered,
              sorted page), and page 200 of a filtered list
   episode    /episodes/ID for ids spread over the lake
+(the first request of each case, which also fills the list's drop-down cache, is printed apart)
 next to the same SQL through warehouse.query.query (what `flywheel sql` runs: connect + views + query).
 Prints a table (median and p95 in ms) and writes JSON (--out).
 
@@ -99,8 +100,12 @@ def main() -> None:
             assert r.status == 200 and b'id="error"' not in body, path
         return time.perf_counter() - t
 
-    def timed(fn, k: int) -> list[float]:
-        fn(0)
+    first: dict[str, float] = {}
+
+    def timed(fn, k: int, name: str | None = None) -> list[float]:
+        t = fn(0)
+        if name:
+            first[name] = t * 1e3
         return [fn(i + 1) for i in range(k)]
 
     def sql_of(q: EpisodeQuery) -> tuple[str, list]:
@@ -129,7 +134,7 @@ def main() -> None:
     for name, params in cases.items():
         params = {k: v for k, v in params.items() if v != ""}
         path = "/episodes?" + urllib.parse.urlencode(params)
-        page_t = timed(lambda _i, path=path: fetch(path), args.repeat)
+        page_t = timed(lambda _i, path=path: fetch(path), args.repeat, name)
         filters = {k: v for k, v in params.items() if k not in ("sort", "page", "hack", "where")}
         q = EpisodeQuery(filters=filters, hack=params.get("hack"), where=params.get("where"),
                          sort=params.get("sort", "created_at"), page=int(params.get("page", 1)))
@@ -137,7 +142,7 @@ def main() -> None:
         sql_t = timed(lambda _i, a=page_sql, b=count_sql, p=sql_params: duck(a, p) + duck(b, p), args.repeat)
         results.append({"case": name, "path": path, "page_ms": [x * 1e3 for x in page_t],
                         "sql_ms": [x * 1e3 for x in sql_t]})
-    ep_t = timed(lambda i: fetch(f"/episodes/{ids[i % len(ids)]}"), args.repeat)
+    ep_t = timed(lambda i: fetch(f"/episodes/{ids[i % len(ids)]}"), args.repeat, "episode page")
     sql_ep = timed(lambda i: duck("SELECT * FROM trajectories WHERE trajectory_id = ?", [ids[i % len(ids)]]),
                    args.repeat)
     results.append({"case": "episode page", "path": "/episodes/ID", "page_ms": [x * 1e3 for x in ep_t],
@@ -152,12 +157,14 @@ def main() -> None:
     for r in results:
         pm, pp = statistics.median(r["page_ms"]), pctl(r["page_ms"], 0.95)
         sm, sp = statistics.median(r["sql_ms"]), pctl(r["sql_ms"], 0.95)
-        r.update(page_median_ms=pm, page_p95_ms=pp, sql_median_ms=sm, sql_p95_ms=sp, ratio=pm / sm)
+        r.update(page_median_ms=pm, page_p95_ms=pp, sql_median_ms=sm, sql_p95_ms=sp, ratio=pm / sm,
+                 first_ms=first.get(r["case"]))
         print(f"{r['case']:36} {pm:9.0f} {pp:9.0f} {sm:9.0f} {sp:9.0f} {pm / sm:9.2f}")
     out = args.out or os.path.join(args.dir, "view.json")
     with open(out, "w") as f:
         json.dump({"n": args.n, "files": n_files, "build_s": build_s, "repeat": args.repeat, "results": results}, f,
                   indent=2)
+    print("first (warm-up) requests, ms: " + ", ".join(f"{k} {v:.0f}" for k, v in first.items()))
     print(f"\nms; page = HTTP request to the viewer (connect, views, count + page queries, render); JSON: {out}")
 
 
