@@ -5,6 +5,7 @@ dashes) with an error naming the fix, table cells are made JSON-safe, and calls 
 they also work from inside a running event loop (the rollout loop). Each helper must run inside a flow or task
 run (that is where Prefect attaches the artifact). The round report is built from the lake's long-format
 `rounds` table by a pure function (`round_report_markdown`) that tests and the CLI can use without Prefect.
+`viewer_links` adds links to the run's pages in `flywheel view` when `run.viewer_url` is set.
 It computes no metric itself.
 """
 
@@ -205,6 +206,22 @@ def round_report_markdown(run_id: str, round: int, metrics: list[dict[str, Any]]
     for title, body in (sections or {}).items():
         lines += [f"## {title}", "", body.rstrip() + "\n"]
     return "\n".join(lines)
+
+
+def viewer_links(viewer_url: str | None, run_id: str, snapshot_ids: list[str] | None = None) -> str:
+    """Markdown links to a run's pages in `flywheel view` (run, its episodes, hacks, failures, snapshots);
+    '' when no viewer URL is configured (run.viewer_url)."""
+    if not viewer_url:
+        return ""
+    from urllib.parse import quote, urlencode
+
+    base = viewer_url.rstrip("/")
+    run = quote(run_id, safe="")
+    links = [f"[run {run_id}]({base}/runs/{run})", f"[all episodes]({base}/episodes?{urlencode({'run_id': run_id})})",
+             f"[hacks]({base}/episodes?{urlencode({'run_id': run_id, 'verdict': 'hack'})})",
+             f"[failures]({base}/episodes?{urlencode({'run_id': run_id, 'verdict': 'fail'})})"]
+    links += [f"[snapshot {s}]({base}/snapshots/{quote(s, safe='')})" for s in snapshot_ids or []]
+    return "\n## In flywheel view\n\n" + " · ".join(links) + "\n"
 
 
 def publish_round_report(root: str, run_id: str, round: int, sections: dict[str, str] | None = None,

@@ -277,6 +277,25 @@ def stats(
 
 
 @app.command()
+def view(
+    root: Root = "runs/default",
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8765,
+    host: Annotated[str, typer.Option(help="Address to listen on; loopback only unless you mean to share.")] =
+    "127.0.0.1",
+) -> None:
+    """Browse the lake in a web browser: runs, rounds, episodes, tasks and snapshots (read-only)."""
+    from flows.view import ViewServerError, serve
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: listening on {host}: anyone who can reach it can read every episode of the lake",
+              file=sys.stderr)
+    try:
+        serve(_lake_root(root), host=host, port=port)
+    except ViewServerError as e:
+        raise UsageError(str(e)) from e
+
+
+@app.command()
 def verify(
     trajectories: Annotated[Path, typer.Option(help="JSONL file of trajectories (the record's messages format).")],
     tasks: Annotated[Optional[str], typer.Option(help="Task file (JSONL/Parquet) the trajectories refer to.")] = None,

@@ -158,6 +158,8 @@ class RunConfig(BaseModel):
     ray_address: str | None = Field(default=None, description="Run Prefect tasks on this Ray cluster "
                                     "(e.g. ray://host:10001 or 'auto'); threads when empty.")
     max_workers: int = Field(default=2, ge=1, description="Threads of Prefect's task runner on one machine.")
+    viewer_url: str | None = Field(default=None, description="Base URL of a `flywheel view` over this lake (e.g. "
+                                   "http://127.0.0.1:8765): the run's Prefect artifacts link to its pages.")
 
     @field_validator("run_id")
     @classmethod

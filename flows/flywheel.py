@@ -30,6 +30,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field
 
+from flows.artifacts import viewer_links
 from flows.config import FlywheelConfig, SuiteStep
 from flows.generate import new_run_id
 from flows.stages import Ledger
@@ -485,7 +486,8 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False) -> FlywheelSummary:
                                    "tasks instead", r + 1, type(e).__name__, e, r + 1)
         compact(root, run_id)
         report = build_report(root, run_id)
-        create_markdown_artifact(key="flywheel-report", markdown=report.markdown,
+        create_markdown_artifact(key="flywheel-report", markdown=report.markdown + viewer_links(
+                                     cfg.run.viewer_url, run_id, [snap["snapshot_id"]]),
                                  description=f"flywheel {run_id} after round {r}")
     report = build_report(root, run_id)
     table = heldout_table(root, run_id)

@@ -193,10 +193,11 @@ def quarantine_file(root: str, path: str, reason: str) -> QuarantineRecord | Non
 
 def validate_or_quarantine(
     lake: Lake, info: FileInfo, table: str = "trajectories", quarantined: list[QuarantineRecord] | None = None,
-    persisted: dict[str, list] | None = None,
+    persisted: dict[str, list] | None = None, move: bool = True,
 ) -> FileCheck | None:
-    """Check one file (cheap checks always, a footer parse once per path+size+mtime); quarantine it when bad.
-    Returns what its footer told when good, None when it was quarantined or vanished."""
+    """Check one file (cheap checks always, a footer parse once per path+size+mtime); quarantine it when bad
+    (with move=False: leave it where it is, skip it and warn). Returns what its footer told when good, None when
+    it was bad or vanished."""
     url = lake.url(info.path)
     key = (url, info.size, info.mtime)
     try:
@@ -212,6 +213,10 @@ def validate_or_quarantine(
             if fc is not None and persisted is not None:
                 persisted[url] = [info.size, info.mtime, fc.fingerprint, fc.seen]
     except FileNotFoundError:
+        return None
+    if (reason is not None or fc is None) and not move:
+        log.warning("skipping corrupt lake file %s: %s (left in place; `flywheel sql` moves it to quarantine/)",
+                    info.path, reason or "unreadable")
         return None
     if reason is not None or fc is None:
         rec = quarantine_file(lake.root, info.path, reason or "unreadable")
@@ -250,8 +255,8 @@ def _split_clean(by_folder: dict[str, list[tuple[str, str, FileCheck]]]) -> tupl
     return clean, suspect
 
 
-def scan(root: str) -> ScanResult:
-    """List every data file of the lake, check each, quarantine bad ones."""
+def scan(root: str, read_only: bool = False) -> ScanResult:
+    """List every data file of the lake, check each, quarantine bad ones (read_only: skip them, move nothing)."""
     lake = open_lake(root)
     persisted = _load_persisted(lake)
     before = dict(persisted)
@@ -277,7 +282,7 @@ def scan(root: str) -> ScanResult:
                     log.warning("ignoring %s: trajectory files belong in trajectories/run=<run_id>/round=<n>/",
                                 info.path)
                     continue
-            fc = validate_or_quarantine(lake, info, table, quarantined, persisted)
+            fc = validate_or_quarantine(lake, info, table, quarantined, persisted, move=not read_only)
             if fc is not None:
                 url = lake.url(info.path)
                 good.append(url)
@@ -371,11 +376,11 @@ def _create_views(con: duckdb.DuckDBPyConnection, result: ScanResult) -> None:
         con.execute(f"CREATE VIEW {name} AS {body}")
 
 
-def connect(root: str) -> duckdb.DuckDBPyConnection:
+def connect(root: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the lake's views (see the module docstring). Corrupt files are
-    quarantined first; each view exists even when no file has been written yet."""
+    quarantined first (read_only: skipped, left in place); each view exists even when no file has been written."""
     lake = open_lake(root)
-    result = scan(root)
+    result = scan(root, read_only=read_only)
     con = duckdb.connect(":memory:")
     con.execute("SET parquet_metadata_cache = true")
     if not lake.local:

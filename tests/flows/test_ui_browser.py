@@ -6,18 +6,17 @@ browser download, no driver binary). The deployment is served by `flywheel serve
 tests/flows/test_serve_e2e.py. Screenshots are written under the test's tmp dir and copied to
 $FLYWHEEL_TEST_OUTPUT (default /tmp/flywheel-test-output)/ui-browser/, printed at the end.
 Skipped only when chromium is missing AND FLYWHEEL_BROWSER_TESTS is not 1 (CI sets it and installs chromium).
+The `browser` fixture (headless Chromium over the DevTools protocol) lives in tests/conftest.py.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -30,106 +29,6 @@ FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 DEPLOYMENT = "generate/flywheel"
 REPORT_KEY = "generate-summary"  # the report artifact a generate run publishes
 OUT = Path(os.environ.get("FLYWHEEL_TEST_OUTPUT", "/tmp/flywheel-test-output")) / "ui-browser"
-
-
-def chromium_path() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path:
-        return path
-    if os.environ.get("FLYWHEEL_BROWSER_TESTS") == "1":
-        pytest.fail("FLYWHEEL_BROWSER_TESTS=1 but chromium is not installed: apt-get install -y chromium")
-    pytest.skip("chromium is not installed (apt-get install -y chromium); FLYWHEEL_BROWSER_TESTS=1 makes this a "
-                "failure instead of a skip")
-
-
-class Browser:
-    """Headless Chromium and one page, driven over the DevTools protocol (synchronous websocket)."""
-
-    def __init__(self, exe: str, width: int = 1440, height: int = 1000):
-        from websockets.sync.client import connect
-
-        self.profile = tempfile.mkdtemp(prefix="chromium-")
-        self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", f"--user-data-dir={self.profile}", "--remote-debugging-address=127.0.0.1",
-             "--remote-debugging-port=0", f"--window-size={width},{height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        port_file = Path(self.profile, "DevToolsActivePort")
-        deadline = time.time() + 60
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.close()
-                raise RuntimeError("chromium did not open its DevTools port")
-            time.sleep(0.2)
-        port = int(port_file.read_text().split()[0])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
-            page = next(t for t in json.load(r) if t["type"] == "page")
-        self.ws = connect(page["webSocketDebuggerUrl"], max_size=64 * 2**20, open_timeout=20)
-        self._id = 0
-        self.send("Page.enable")
-        self.send("Runtime.enable")
-
-    def send(self, method: str, **params):
-        self._id += 1
-        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv(timeout=60))
-            if msg.get("id") == self._id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-
-    def goto(self, url: str) -> None:
-        self.send("Page.navigate", url=url)
-
-    def text(self) -> str:
-        res = self.send("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
-                        returnByValue=True)
-        return res.get("result", {}).get("value", "") or ""
-
-    def wait_for_text(self, *needles: str, timeout_s: float = 60) -> str:
-        deadline = time.time() + timeout_s
-        while True:
-            body = self.text()
-            if all(n in body for n in needles):
-                return body
-            if time.time() > deadline:
-                raise AssertionError(f"page never showed {needles!r}; it shows:\n{body[:3000]}")
-            time.sleep(0.5)
-
-    def click_text(self, label: str) -> bool:
-        """Click the first link/button/tab whose own text is `label` (exact, trimmed)."""
-        js = ("(() => { const els = [...document.querySelectorAll('a,button,[role=tab],li,span,div')];"
-              f" const el = els.find(e => e.children.length === 0 && e.innerText && e.innerText.trim() === {json.dumps(label)});"
-              " if (!el) return false; el.click(); return true; })()")
-        return bool(self.send("Runtime.evaluate", expression=js, returnByValue=True)["result"].get("value"))
-
-    def screenshot(self, path: Path) -> Path:
-        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=False)["data"]
-        path.write_bytes(base64.b64decode(data))
-        return path
-
-    def close(self) -> None:
-        try:
-            if getattr(self, "ws", None):
-                self.ws.close()
-        finally:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=10)
-            shutil.rmtree(self.profile, ignore_errors=True)
-
-
-@pytest.fixture
-def browser():
-    b = Browser(chromium_path())
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def _serve_and_run(prefect_api: str, work: Path):
