@@ -267,11 +267,11 @@ def main() -> None:
 
     # A restarted writer's first batch (the crash-and-rerun case): it must learn which ids are already stored.
     # Lake: read the trajectory_id column of the batch's partitions. JSONL: parse every line of every file.
+    import warehouse.integrity as integrity_mod
     import warehouse.lake as lake_mod
-    import warehouse.query as query_mod
 
     lake_mod._ID_CACHE.clear()
-    query_mod._CHECKED.clear()
+    integrity_mod._CHECKED.clear()
     t = time.perf_counter()
     res = write_trajectories(lake_root, first_chunk)
     t_restart_lake = time.perf_counter() - t

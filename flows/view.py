@@ -31,7 +31,7 @@ from markupsafe import Markup, escape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warehouse import viewer
-from warehouse.lake import LakeError
+from warehouse.lakefs import LakeError
 from warehouse.query import QueryError
 from warehouse.viewer import EpisodeQuery, ViewError
 

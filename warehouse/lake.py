@@ -4,46 +4,40 @@ Layout under ROOT (a local folder, a file:// URL, or any fsspec URL such as s3:/
   trajectories/run=<run_id>/round=<r>/part-<uuid>.parquet   rows of TRAJECTORY_SCHEMA minus run_id and round
   datasets|rounds|checkpoints/part-<uuid>.parquet           side tables (schemas in tables.py)
   snapshots/<snapshot_id>/manifest.parquet                  one row per training example of a snapshot
-  quarantine/                                               corrupt files moved aside by query.py
+  quarantine/                                               corrupt files moved aside (integrity.py)
 
-Guarantees. A batch becomes visible whole or not at all: on a local disk it is written under a hidden temp name
-(`.part-<uuid>.parquet.tmp`, which no reader globs) in the destination folder, fsynced, renamed into place, and
-the folder is fsynced; on an object store a single PUT is already all-or-nothing. Ingestion is idempotent: ids
+Guarantees. A batch becomes visible whole or not at all (lakefs.py: a hidden temp name, fsync, rename, folder
+fsync on a local disk; one PUT on an object store). Ingestion is idempotent: ids
 already present in the (run, round) partition are skipped, so a retried batch or a restarted run adds no rows.
 If two writers race on the same ids both files land; readers (query.py) de-duplicate by trajectory_id. Each file
 records (Parquet key-value metadata `flywheel.seen`) a digest of the files its writer saw, so readers can tell
 race-free partitions (every file saw exactly the files before it) and skip de-duplicating them. compact() merges
 a partition's files into one.
 
-This module does not read for analysis (query.py does) and does not open DuckDB.
+This module does not read for analysis (query.py does), check files (integrity.py does) or open DuckDB.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import secrets
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlparse
 
-import fsspec
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from warehouse.integrity import SEEN_KEY, quarantine_file, seen_digest, validate_or_quarantine
+from warehouse.lakefs import FILE_SCHEMA, TEMP_SUFFIX, FileInfo, Lake, LakeError, fsync_dir, open_lake
 from warehouse.record import (
     FUNCTION_TYPE,
     MESSAGE_TYPE,
-    PARTITION_COLUMNS,
     TOOL_CALL_TYPE,
-    TRAJECTORY_SCHEMA,
     Trajectory,
 )
 from warehouse.tables import (
@@ -58,21 +52,7 @@ from warehouse.tables import (
 
 log = logging.getLogger(__name__)
 
-# Files inside a partition hold the record minus the partition columns (they live in the folder names).
-FILE_SCHEMA = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in PARTITION_COLUMNS])
-
-PARQUET_OPTIONS: dict[str, Any] = {
-    "compression": "zstd",
-    "compression_level": 3,
-    "row_group_size": 64 * 1024,
-    "write_page_checksum": True,
-}
-TEMP_SUFFIX = ".tmp"
 _PARTITION_VALUE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
-
-
-class LakeError(Exception):
-    """A write or read of the lake was refused: bad root, bad partition value, bad table name, bad rows."""
 
 
 @dataclass(frozen=True)
@@ -82,209 +62,6 @@ class WriteResult:
     written: int
     skipped: int
     paths: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    """One data file of the lake: its path (as the filesystem names it), size and modification time."""
-
-    path: str
-    size: int
-    mtime: float | None
-
-
-class Lake:
-    """A resolved lake root: local folder (plain os calls, fsync) or an fsspec filesystem (object stores)."""
-
-    def __init__(self, root: str):
-        if not isinstance(root, str) or not root.strip():
-            raise LakeError(f"lake root {root!r} is empty: pass a folder path or a URL such as file:///data/lake")
-        self.root = root
-        parsed = urlparse(root)
-        if "://" not in root or parsed.scheme in ("", "file", "local"):
-            path = parsed.path if "://" in root else root
-            if "://" in root and parsed.netloc not in ("", "localhost"):
-                raise LakeError(f"lake root {root!r}: a file:// URL needs three slashes, e.g. file:///data/lake")
-            self.local = True
-            self.fs: fsspec.AbstractFileSystem | None = None
-            self.base = os.path.abspath(os.path.expanduser(path))
-            self.arrow_fs: pafs.FileSystem = pafs.LocalFileSystem()
-        else:
-            try:
-                fs, path = fsspec.core.url_to_fs(root)
-            except (ImportError, ValueError) as e:
-                raise LakeError(
-                    f"lake root {root!r}: no filesystem for scheme {parsed.scheme!r} ({e}); "
-                    f"install the fsspec backend for it (e.g. s3fs for s3://) or use a local folder"
-                ) from e
-            self.local = False
-            self.fs = fs
-            self.base = path.rstrip("/")
-            self.arrow_fs = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
-
-    # ----- paths
-    def join(self, *parts: str) -> str:
-        if self.local:
-            return os.path.join(self.base, *parts)
-        return "/".join([self.base, *parts])
-
-    def url(self, path: str) -> str:
-        """The name DuckDB reads a path by (local path, or protocol://path with the fsspec fs registered)."""
-        if self.local:
-            return path
-        assert self.fs is not None
-        return self.fs.unstrip_protocol(path)
-
-    def relpath(self, path: str) -> str:
-        if self.local:
-            return os.path.relpath(path, self.base)
-        return path[len(self.base) :].lstrip("/")
-
-    # ----- listing
-    def list_files(self, top: str, suffix: str = ".parquet") -> list[FileInfo]:
-        """All visible files under the folder `top` (a path from join()) ending in suffix, hidden temp files
-        excluded, sorted by path."""
-        out: list[FileInfo] = []
-        if self.local:
-            stack = [top]
-            while stack:
-                d = stack.pop()
-                try:
-                    entries = list(os.scandir(d))
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                for e in entries:
-                    if e.name.startswith("."):
-                        continue
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                    elif e.name.endswith(suffix):
-                        try:
-                            st = e.stat()
-                        except FileNotFoundError:  # moved away (quarantined) meanwhile
-                            continue
-                        out.append(FileInfo(e.path, st.st_size, st.st_mtime))
-        else:
-            assert self.fs is not None
-            try:
-                found = self.fs.find(top, detail=True)
-            except FileNotFoundError:
-                found = {}
-            for p, info in found.items():
-                name = p.rsplit("/", 1)[-1]
-                if name.startswith(".") or not name.endswith(suffix) or info.get("type") == "directory":
-                    continue
-                mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
-                if isinstance(mtime, datetime):
-                    mtime = mtime.timestamp()
-                out.append(FileInfo(p, int(info.get("size") or 0), float(mtime) if mtime is not None else None))
-        out.sort(key=lambda f: f.path)
-        return out
-
-    def stat(self, path: str) -> FileInfo | None:
-        if self.local:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                return None
-            return FileInfo(path, st.st_size, st.st_mtime)
-        assert self.fs is not None
-        try:
-            info = self.fs.info(path)
-        except FileNotFoundError:
-            return None
-        return FileInfo(path, int(info.get("size") or 0), None)
-
-    # ----- writing
-    def makedirs(self, path: str) -> None:
-        if self.local:
-            missing = []
-            p = path
-            while not os.path.isdir(p):
-                missing.append(p)
-                p = os.path.dirname(p)
-            os.makedirs(path, exist_ok=True)
-            for d in reversed(missing):  # make each new directory entry durable in its parent
-                _fsync_dir(os.path.dirname(d))
-        else:
-            assert self.fs is not None
-            self.fs.makedirs(path, exist_ok=True)
-
-    def write_parquet_atomic(self, table: pa.Table, path: str) -> str:
-        """Write table to path so that readers see either nothing or the whole file. Returns its name as a
-        local path or a URL (object stores)."""
-        folder = os.path.dirname(path) if self.local else path.rsplit("/", 1)[0]
-        self.makedirs(folder)
-        if not self.local:
-            # Object stores publish an object only when its upload completes: one PUT is atomic.
-            with self.arrow_fs.open_output_stream(path) as out:
-                pq.write_table(table, out, **PARQUET_OPTIONS)
-            return self.url(path)
-        name = os.path.basename(path)
-        tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(table, f, **PARQUET_OPTIONS)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        _fsync_dir(folder)
-        return self.url(path)
-
-    def move(self, src: str, dst: str) -> None:
-        if self.local:
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            os.replace(src, dst)
-            _fsync_dir(os.path.dirname(dst))
-            _fsync_dir(os.path.dirname(src))
-        else:
-            assert self.fs is not None
-            self.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
-            self.fs.mv(src, dst)
-
-    def write_text(self, path: str, text: str) -> None:
-        if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            assert self.fs is not None
-            with self.fs.open(path, "w") as f:
-                f.write(text)
-
-    def remove(self, path: str) -> None:
-        if self.local:
-            os.unlink(path)
-        else:
-            assert self.fs is not None
-            self.fs.rm(path)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_LAKES: dict[str, Lake] = {}
-
-
-def open_lake(root: str) -> Lake:
-    """Resolve a root (path or URL) once per process."""
-    lake = _LAKES.get(root)
-    if lake is None:
-        lake = _LAKES[root] = Lake(root)
-    return lake
 
 
 def check_partition_value(name: str, value: str) -> str:
@@ -313,8 +90,6 @@ def _file_ids(lake: Lake, info: FileInfo) -> frozenset[str] | None:
     key = (lake.url(info.path), info.size, info.mtime)
     ids = _ID_CACHE.get(key)
     if ids is None:
-        from warehouse.query import quarantine_file, validate_or_quarantine  # lazy: query imports lake
-
         if validate_or_quarantine(lake, info, table="trajectories") is None:
             return None
         try:
@@ -328,17 +103,6 @@ def _file_ids(lake: Lake, info: FileInfo) -> frozenset[str] | None:
         ids = frozenset(col.to_pylist())
         _ID_CACHE[key] = ids
     return ids
-
-
-# Parquet key-value metadata each trajectory file carries: a digest of the names of the files its writer saw in
-# the partition (and whose ids it skipped). When every file of a partition saw exactly the files sorted before
-# it, no two files share an id and readers skip de-duplication for that partition.
-SEEN_KEY = b"flywheel.seen"
-
-
-def seen_digest(names: Iterable[str]) -> str:
-    """Digest of a set of file base names (order-free)."""
-    return hashlib.sha1("\n".join(sorted(names)).encode()).hexdigest()[:24]
 
 
 def _basename(path: str) -> str:
@@ -554,8 +318,6 @@ def compact(root: str, run_id: str | None = None, round: int | None = None, min_
     reader sees every row at every moment (possibly twice for a moment, which the trajectories view hides), and
     files a writer adds meanwhile are left alone. Corrupt files are quarantined, not merged.
     """
-    from warehouse.query import validate_or_quarantine
-
     lake = open_lake(root)
     top = lake.join(TRAJECTORIES_DIR) if run_id is None else partition_dir(lake, run_id, round)
     by_part: dict[str, list[FileInfo]] = {}
@@ -586,7 +348,7 @@ def compact(root: str, run_id: str | None = None, round: int | None = None, min_
             except FileNotFoundError:  # another compactor got there first
                 pass
         if lake.local:
-            _fsync_dir(folder)
+            fsync_dir(folder)
         parts += 1
         files_after += 1
         rows += merged.num_rows

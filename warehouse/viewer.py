@@ -19,7 +19,7 @@ from typing import Any
 
 import duckdb
 
-from warehouse.lake import open_lake
+from warehouse.lakefs import open_lake
 from warehouse.query import connect
 from warehouse.tables import TRAJECTORIES_DIR
 

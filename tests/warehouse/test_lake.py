@@ -245,7 +245,7 @@ def test_bad_inputs_are_refused_with_a_clear_error(tmp_path, traj):
 
 
 def test_file_table_conversion_matches_record_to_table(traj):
-    from warehouse.lake import FILE_SCHEMA
+    from warehouse.lakefs import FILE_SCHEMA
     from warehouse.record import to_table
 
     rows = [traj(i, endpoint="e", hack_flags=["a", "b"], completion_token_ids=[[1, 2], [3]],
@@ -270,7 +270,7 @@ def test_many_files_validated_once(tmp_path, traj, monkeypatch):
     for r in range(5):
         write_trajectories(root, [traj(i, round=r) for i in range(3)])
     calls = []
-    import warehouse.query as q
+    import warehouse.integrity as q
 
     real = q.deep_check
     monkeypatch.setattr(q, "deep_check", lambda *a, **k: calls.append(a[1].path) or real(*a, **k))
