@@ -69,12 +69,26 @@ class DecontamConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(default=True, description="Run decontamination against the held-out tasks given.")
-    ngram: int = Field(default=8, ge=2, le=32,
-                       description="Token n-gram size; a held-out prompt shorter than this is one n-gram whole.")
+    ngram: int = Field(default=3, ge=1, le=32,
+                       description="Token n-gram size of the prompt_ngram rule; a held-out prompt shorter than this "
+                                   "is one n-gram whole. Short: one changed word breaks only n of a prompt's n-grams "
+                                   "(benchmarks/decontam.py measures 2-8).")
     threshold: float = Field(
         default=0.8, gt=0.0, le=1.0,
         description="Share of a held-out prompt's n-grams (weighted by rarity across all task prompts, so template "
                     "phrases count little) that a training row must contain to be dropped as contaminated.")
+    expression: bool = Field(
+        default=True,
+        description="Rules expression and answer_tuple: the held-out task's expression in the episode's tool calls "
+                    "or assistant text, or its answer in the final message with all its defining numbers.")
+    minhash: bool = Field(default=True, description="Rule prompt_minhash: MinHash/LSH similarity of user messages "
+                                                    "to held-out prompts.")
+    minhash_threshold: float = Field(
+        default=0.5, gt=0.0, le=1.0,
+        description="Jaccard similarity of prompt shingles (confirmed exactly) at which a user message that also "
+                    "holds the held-out prompt's constants is a paraphrase of it (measured: benchmarks/decontam.py).")
+    minhash_shingle: int = Field(default=2, ge=1, le=8, description="Tokens per shingle of the prompt_minhash rule.")
+    num_perm: int = Field(default=128, ge=16, le=1024, description="MinHash permutations of the prompt_minhash rule.")
 
 
 class MixConfig(BaseModel):

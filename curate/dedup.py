@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from datasketch import MinHash, MinHashLSH
 
 from curate.config import DedupConfig
-from warehouse.record import Message, Trajectory
+from warehouse.record import Message, ToolCall, Trajectory
 
 DUP_EXACT = "dup_exact"
 DUP_NEAR = "dup_near"
@@ -67,14 +67,18 @@ def row_text(row: Trajectory, *, include_system: bool = False) -> str:
             continue
         if m.content:
             parts.append(m.content)
-        for c in m.tool_calls or []:
-            try:
-                args = json.loads(c.function.arguments)
-                vals = [str(v) for v in args.values()] if isinstance(args, dict) else [str(args)]
-            except (json.JSONDecodeError, TypeError):
-                vals = [c.function.arguments or ""]
-            parts.append(" ".join([c.function.name, *vals]))
+        parts += [call_text(c) for c in m.tool_calls or []]
     return "\n".join(parts)
+
+
+def call_text(call: ToolCall) -> str:
+    """A tool call as text: its name, then its argument values (JSON decoded; the raw string when not JSON)."""
+    try:
+        args = json.loads(call.function.arguments)
+        vals = [str(v) for v in args.values()] if isinstance(args, dict) else [str(args)]
+    except (json.JSONDecodeError, TypeError):
+        vals = [call.function.arguments or ""]
+    return " ".join([call.function.name, *vals])
 
 
 def shingles(text: str, size: int) -> set[bytes]:
