@@ -52,8 +52,12 @@ class DedupConfig(BaseModel):
     near_scope: Literal["all", "task"] = Field(
         default="all",
         description="'all': any two rows can be near-duplicates; 'task': only rows of the same suite and task.")
+    same_problem: bool = Field(
+        default=True,
+        description="Near-duplicates must also share the defining constants of their user messages (numbers, "
+                    "quoted literals, identifiers): two problems of one template are never near-duplicates.")
     num_perm: int = Field(default=128, ge=16, le=1024, description="MinHash permutations (accuracy vs. speed).")
-    shingle: int = Field(default=3, ge=1, le=16, description="Tokens per shingle.")
+    shingle: int = Field(default=3, ge=1, le=16, description="Tokens per shingle of the normalised conversation.")
     include_system: bool = Field(
         default=False,
         description="Include system messages in near-duplicate shingles. Off: the shared tool instructions would "
@@ -84,7 +88,7 @@ class DecontamConfig(BaseModel):
     minhash: bool = Field(default=True, description="Rule prompt_minhash: MinHash/LSH similarity of user messages "
                                                     "to held-out prompts.")
     minhash_threshold: float = Field(
-        default=0.5, gt=0.0, le=1.0,
+        default=0.6, gt=0.0, le=1.0,
         description="Jaccard similarity of prompt shingles (confirmed exactly) at which a user message that also "
                     "holds the held-out prompt's constants is a paraphrase of it (measured: benchmarks/decontam.py).")
     minhash_shingle: int = Field(default=2, ge=1, le=8, description="Tokens per shingle of the prompt_minhash rule.")

@@ -4,10 +4,12 @@ Every text is normalised first (curate/normalise.py: case, whitespace, number fo
 held-out task H when one of these rules fires (checked in this order; the first one is reported with H's id):
 
 - task_id: the row's task is H itself.
-- expression: H's defining expression (metadata "expression", e.g. `55 + 28`) occurs as a token run in what the
-  episode did: its tool-call arguments or its assistant messages, whatever the prompt says.
-- answer_tuple: the row's final answer states H's answer and its tool calls and assistant messages hold every
-  number H is defined by (metadata "params", else the expression's numbers; at least two of them).
+- expression: H's defining expression (metadata "expression", e.g. `55 + 28`; else the argument values of H's
+  reference tool calls, at least 6 tokens with 2 numbers) occurs as a token run in what the episode did: its
+  tool-call arguments or its assistant messages, whatever the prompt says.
+- answer_tuple: the row's final answer states H's answer and its tool calls and earlier assistant messages hold
+  every number H is defined by (metadata "params", else the expression's numbers; at least two of them, and at
+  least 6 digits with the answer: `C(6, 5) = 6` is too common to name one task).
 - prompt_ngram: the share of H's prompt n-grams found anywhere in the row (every message, tool-call arguments
   included), each n-gram weighted by its rarity across all task prompts (smoothed inverse document frequency), is
   at least `threshold`. Short n-grams suit short prompts; a prompt shorter than n is one n-gram whole.
@@ -15,7 +17,7 @@ held-out task H when one of these rules fires (checked in this order; the first 
   `minhash_threshold` with H's prompt (MinHash/LSH candidates, each confirmed by the exact Jaccard).
 
 The prompt rules also require H's defining constants (numbers, quoted literals, code identifiers of H's prompt) to
-occur in the row: procedural suites share templates, so an honest train task of the same template differs from
+occur in the row's user and system messages (the tool calls of another problem often repeat a number): procedural suites share templates, so an honest train task of the same template differs from
 H in exactly those, while a paraphrase of H keeps them. Thresholds are measured on a planted set
 (benchmarks/decontam.py). This module reads no files.
 """
@@ -43,6 +45,8 @@ RULE_ANSWER = "answer_tuple"
 RULE_NGRAM = "prompt_ngram"
 RULE_MINHASH = "prompt_minhash"
 _MINHASH_SEED = 7
+_MIN_CALL_TOKENS = 6    # a reference tool call shorter than this is too generic to name one held-out task
+_MIN_TUPLE_DIGITS = 6   # digits of (defining numbers + answer) below which an answer tuple is too common
 
 
 @dataclass(frozen=True)
@@ -116,14 +120,18 @@ class Decontaminator:
         self.expressions: dict[tuple[str, ...], list[str]] = defaultdict(list)
         self.answers: dict[str, list[tuple[str, Counter[str]]]] = defaultdict(list)
         for t, _ in held:
+            if not cfg.expression:
+                break
             expr = t.metadata.get("expression")
-            if cfg.expression and isinstance(expr, str):
-                et = tokens(expr)
-                if len(numbers(et)) >= 2:
-                    self.expressions[tuple(et)].append(t.id)
+            et = tokens(expr) if isinstance(expr, str) else \
+                [tok for st in t.reference.steps for tok in tokens(" ".join(str(v) for v in st.arguments.values()))]
+            if len(numbers(et)) >= 2 and (isinstance(expr, str) or len(et) >= _MIN_CALL_TOKENS):
+                self.expressions[tuple(et)].append(t.id)
             nums = _defining_numbers(t)
-            if cfg.expression and t.verifier.answer is not None and sum(nums.values()) >= 2:
-                self.answers[normalise(t.verifier.answer)].append((t.id, nums))
+            answer = normalise(t.verifier.answer or "")
+            digits = sum(len(k) * n for k, n in nums.items()) + len(answer)
+            if answer and sum(nums.values()) >= 2 and digits >= _MIN_TUPLE_DIGITS:
+                self.answers[answer].append((t.id, nums))
         self.expr_sizes = sorted({len(e) for e in self.expressions})
         # MinHash of the prompts
         self.shingles = {t.id: grams(toks, cfg.minhash_shingle) for t, toks in held}
@@ -142,7 +150,7 @@ class Decontaminator:
     def score(self, row: Trajectory) -> tuple[float, str | None]:
         """Best (weighted n-gram share, held-out task id) over held-out tasks whose constants the row holds."""
         toks = tokens(row_text(row, include_system=True))
-        have = constants(toks)
+        have = constants([t for m in row.messages if m.role in ("user", "system") for t in tokens(m.content or "")])
         acc: dict[str, float] = defaultdict(float)
         for n in self.sizes:
             for g in grams(toks, n):
@@ -164,7 +172,7 @@ class Decontaminator:
         return None
 
     def _answer(self, acted: list[str], final: list[str]) -> str | None:
-        have = numbers(acted)
+        have = numbers(acted[: len(acted) - len(final)])  # the defining numbers, from before the final answer
         for tok in dict.fromkeys(t for t in final if t[0].isdigit()):
             for tid, nums in sorted(self.answers.get(tok, ())):
                 if contains(have, nums):
