@@ -88,10 +88,11 @@ class DecontamConfig(BaseModel):
     minhash: bool = Field(default=True, description="Rule prompt_minhash: MinHash/LSH similarity of user messages "
                                                     "to held-out prompts.")
     minhash_threshold: float = Field(
-        default=0.6, gt=0.0, le=1.0,
+        default=0.5, gt=0.0, le=1.0,
         description="Jaccard similarity of prompt shingles (confirmed exactly) at which a user message that also "
                     "holds the held-out prompt's constants is a paraphrase of it (measured: benchmarks/decontam.py).")
-    minhash_shingle: int = Field(default=2, ge=1, le=8, description="Tokens per shingle of the prompt_minhash rule.")
+    minhash_shingle: int = Field(default=1, ge=1, le=8, description="Tokens per shingle of the prompt_minhash rule "
+                                 "(1: short prompts lose too many 2-shingles to one swapped word).")
     num_perm: int = Field(default=128, ge=16, le=1024, description="MinHash permutations of the prompt_minhash rule.")
 
 

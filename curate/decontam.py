@@ -17,7 +17,8 @@ held-out task H when one of these rules fires (checked in this order; the first 
   `minhash_threshold` with H's prompt (MinHash/LSH candidates, each confirmed by the exact Jaccard).
 
 The prompt rules also require H's defining constants (numbers, quoted literals, code identifiers of H's prompt) to
-occur in the row's user and system messages (the tool calls of another problem often repeat a number): procedural suites share templates, so an honest train task of the same template differs from
+occur in the row's user and system messages (the tool calls of another problem often repeat a number), each with
+its left or right neighbour token (so a look-alike that swaps two numbers' roles does not pass): procedural suites share templates, so an honest train task of the same template differs from
 H in exactly those, while a paraphrase of H keeps them. Thresholds are measured on a planted set
 (benchmarks/decontam.py). This module reads no files.
 """
@@ -34,7 +35,7 @@ from datasketch import MinHash, MinHashLSH
 from tasks.spec import Task
 from curate.config import DecontamConfig
 from curate.dedup import call_text, row_text
-from curate.normalise import constants, contains, grams, normalise, numbers, tokens
+from curate.normalise import constants_in_context, contains, grams, held_in_context, normalise, numbers, tokens
 from warehouse.record import Trajectory
 
 HELDOUT_TASK = "heldout_task"
@@ -100,7 +101,7 @@ class Decontaminator:
         self.heldout_ids = {t.id for t in heldout_tasks}
         held = [(t, tokens(t.prompt)) for t in heldout_tasks]
         held = [(t, toks) for t, toks in held if toks]
-        self.consts = {t.id: constants(toks) for t, toks in held}
+        self.consts = {t.id: constants_in_context(toks) for t, toks in held}
         # prompt n-grams, weighted by rarity
         self.sizes = sorted({min(cfg.ngram, len(toks)) for _, toks in held})
         docs = [toks for _, toks in held] + [d for d in (tokens(p) for p in corpus_prompts) if d]
@@ -150,7 +151,7 @@ class Decontaminator:
     def score(self, row: Trajectory) -> tuple[float, str | None]:
         """Best (weighted n-gram share, held-out task id) over held-out tasks whose constants the row holds."""
         toks = tokens(row_text(row, include_system=True))
-        have = constants([t for m in row.messages if m.role in ("user", "system") for t in tokens(m.content or "")])
+        have = [c for m in row.messages if m.role in ("user", "system") for c in constants_in_context(tokens(m.content or ""))]
         acc: dict[str, float] = defaultdict(float)
         for n in self.sizes:
             for g in grams(toks, n):
@@ -159,7 +160,7 @@ class Decontaminator:
         best, best_id = 0.0, None
         for tid, a in sorted(acc.items()):
             s = a / self.total[tid]
-            if s > best and contains(have, self.consts[tid]):
+            if s > best and held_in_context(have, self.consts[tid]):
                 best, best_id = s, tid
         return best, best_id
 
@@ -187,13 +188,13 @@ class Decontaminator:
             if m.role != "user" or not m.content:
                 continue
             toks = tokens(m.content)
-            sh, have = grams(toks, self.cfg.minhash_shingle), constants(toks)
+            sh, have = grams(toks, self.cfg.minhash_shingle), constants_in_context(toks)
             if not sh:
                 continue
             for tid in sorted(self.lsh.query(self._minhashes([sh])[0])):
                 other = self.shingles[tid]
                 j = len(sh & other) / len(sh | other)
-                if j > best and j >= self.cfg.minhash_threshold - 1e-9 and contains(have, self.consts[tid]):
+                if j > best and j >= self.cfg.minhash_threshold - 1e-9 and held_in_context(have, self.consts[tid]):
                     best, best_id = j, tid
         return best, best_id
 

@@ -53,6 +53,24 @@ def constants(toks: list[str]) -> Counter[str]:
     return Counter(t for t in toks if is_constant(t))
 
 
+def constants_in_context(toks: list[str]) -> list[tuple[str, str, str]]:
+    """(left neighbour, constant, right neighbour) for every defining token: which role a number plays."""
+    return [(toks[i - 1] if i else "", t, toks[i + 1] if i + 1 < len(toks) else "")
+            for i, t in enumerate(toks) if is_constant(t)]
+
+
+def held_in_context(have: list[tuple[str, str, str]], want: list[tuple[str, str, str]]) -> bool:
+    """Every wanted constant occurs in have, each occurrence used once, with its left or its right neighbour: a
+    word swap next to a number keeps the other neighbour, a look-alike that swaps two numbers' roles keeps neither."""
+    free = list(have)
+    for lw, c, rw in want:
+        i = next((k for k, (l2, c2, r2) in enumerate(free) if c2 == c and (l2 == lw or r2 == rw)), None)
+        if i is None:
+            return False
+        free.pop(i)
+    return True
+
+
 def numbers(toks: list[str]) -> Counter[str]:
     return Counter(t for t in toks if t[0].isdigit())
 
