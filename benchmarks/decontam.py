@@ -240,9 +240,19 @@ def main(argv: list[str] | None = None) -> int:
             # near-dedup pairs: copies vs the most similar other train episode
             rng = random.Random(f"{suite}{d}")
             sample = rng.sample(train_rows, min(args.dedup_sample, len(train_rows)))
+            by_task = {t.id: t for t in train}
             for r in sample:
                 for kind, v in dup_variants(r).items():
                     dedup_pairs.append((f"pos:{kind}", r, v))
+                t = by_task[r.task_id.split("-ref-")[0]]
+                if isinstance(t.metadata.get("expression"), str):   # the same problem solved another way
+                    a, op, b = t.metadata["expression"].split()
+                    other = t.model_copy(deep=True)
+                    other.reference.steps[0].arguments = {"code": f"first = {a}\nsecond = {b}\n"
+                                                                  f"result = first {op} second\nprint(result)"}
+                    other.reference.final = (f"I stored both numbers and combined them with {op}; the result "
+                                             f"is {t.verifier.answer}.")
+                    dedup_pairs.append(("neg:same_problem_other_solution", r, episode(other, tag="alt")))
             texts = {r.trajectory_id: shingles(row_text(r), 3) for r in train_rows}
             for r in sample:
                 best = max((x for x in train_rows if x.trajectory_id != r.trajectory_id

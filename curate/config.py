@@ -45,10 +45,11 @@ class DedupConfig(BaseModel):
     exact: bool = Field(default=True, description="Drop rows whose normalised conversation equals a kept one.")
     near: bool = Field(default=True, description="Drop rows whose MinHash Jaccard to a kept one reaches threshold.")
     threshold: float = Field(
-        default=0.6, ge=0.0, le=1.0,
-        description="Jaccard similarity of token shingles at which two rows are near-duplicates. Agentic episodes "
-                    "are short: on the arithmetic suite distinct problems of one template reach about 0.55, a "
-                    "re-worded copy of one episode 0.6-0.85, and problems differing only in a name about 0.9.")
+        default=0.5, ge=0.0, le=1.0,
+        description="Jaccard similarity of token 3-shingles of the normalised conversations at which two rows of "
+                    "the same problem are near-duplicates. Agentic episodes are short: a copy with a reworded final "
+                    "line scores 0.5-0.6, distinct problems of one template up to about 0.55 (same_problem keeps "
+                    "them apart); measured in benchmarks/decontam.py.")
     near_scope: Literal["all", "task"] = Field(
         default="all",
         description="'all': any two rows can be near-duplicates; 'task': only rows of the same suite and task.")
