@@ -21,6 +21,7 @@ bench:
 	.venv/bin/python benchmarks/warehouse.py --n 100000
 	.venv/bin/python benchmarks/rollout.py
 	.venv/bin/python benchmarks/http_client.py
+	.venv/bin/python benchmarks/decontam.py --train 1000 --heldout 100 --code-train 100
 
 lint:
 	.venv/bin/ruff check .
