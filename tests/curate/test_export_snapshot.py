@@ -82,6 +82,7 @@ def test_bad_snapshot_export_input_is_one_error_line(snap, tmp_path):
     assert not (tmp_path / "a.jsonl").exists() and not (tmp_path / "b.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_exported_snapshot_renders_and_trains_one_sft_step(snap, tmp_path):
     datasets = pytest.importorskip("datasets")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -112,3 +113,23 @@ def test_exported_snapshot_renders_and_trains_one_sft_step(snap, tmp_path):
                          processing_class=tok)
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+@pytest.mark.slow
+def test_curate_command_prints_counts_contamination_rules_and_invalid_demos(tmp_path, prefect_api):
+    """`flywheel curate` through the console script: the table by source, verdict and outcome, the rule and
+    held-out task of each contaminated row, and every invalid demo named."""
+    root = str(tmp_path / "lake")
+    train = arithmetic.generate(6, split="train", seed=0, difficulty=1)
+    held = arithmetic.generate(50, split="heldout", seed=0, difficulty=1)   # the default schedule's held-out split
+    leak = row(train[5], sample=1, user="Compute it.", code=f"print({held[3].metadata['expression']})")
+    write_trajectories(root, [row(t) for t in train[:5]] + [leak])
+    bad = tmp_path / "bad_demos.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}) + "\n")
+    p = fw("curate", "--run-id", "run1", "--round", "0", "--out", root, "--demos", str(bad),
+           "--set", "curate.demo_tools=[\"python\"]")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "teacher   pass         selected                           5" in p.stdout
+    assert "teacher   pass         contaminated                       1" in p.stdout
+    assert f"contaminated {leak.trajectory_id}: rule expression against held-out task {held[3].id}" in p.stdout
+    assert "invalid demo: " in p.stdout and "wizard" in p.stdout
