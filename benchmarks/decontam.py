@@ -27,13 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from curate.config import DecontamConfig, DedupConfig  # noqa: E402
-from curate.decontam import Decontaminator  # noqa: E402
-from curate.dedup import dedup_rows, problem_key, row_text, shingles  # noqa: E402
-from curate.normalise import constants, contains, grams, tokens  # noqa: E402
-from tasks.spec import Task  # noqa: E402
-from tasks.suites import load_suite  # noqa: E402
-from warehouse.record import FunctionCall, Message, ToolCall, Trajectory, trajectory_id  # noqa: E402
+from curate.config import DecontamConfig, DedupConfig
+from curate.decontam import Decontaminator
+from curate.dedup import dedup_rows, problem_key, row_text, shingles
+from curate.normalise import constants_in_context, grams, held_in_context, tokens
+from tasks.spec import Task
+from tasks.suites import load_suite
+from warehouse.record import FunctionCall, Message, ToolCall, Trajectory, trajectory_id
 
 SWAPS = [("has", "owns"), ("gets", "receives"), ("gives away", "hands out"), ("how many", "what number of"),
          ("what is", "compute"), ("buys", "purchases"), ("more", "extra"), ("are left", "remain"),
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # sweep of the prompt rules on prompt-alone rows: n-gram size / threshold, MinHash shingle / threshold
     print("\nPrompt rules alone, swept (positives: paraphrased held-out prompts; negatives: train prompts and "
-          "look-alikes; gate = held-out constants present)")
+          "look-alikes; gate = held-out constants present, each beside a neighbour word)")
     by_suite: dict[str, list[Task]] = defaultdict(list)
     for lab, r, want, t in sweep_rows:
         if lab == "pos":
@@ -312,14 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     sweep = []
     print(f"{'rule':<10}{'size':>5}{'thr':>6}{'gate':>6}{'recall':>8}{'false+':>8}")
     for size in (1, 2, 3, 4):
-        hs = {k: [(h, grams(tokens(h.prompt), size), constants(tokens(h.prompt))) for h in v]
+        hs = {k: [(h, grams(tokens(h.prompt), size), constants_in_context(tokens(h.prompt))) for h in v]
               for k, v in held_by.items()}
         scores = []
         for lab, r, want, t in sweep_rows:
             toks = tokens(r.messages[0].content or "")
-            sh, have = grams(toks, size), constants(toks)
+            sh, have = grams(toks, size), constants_in_context(toks)
             cands = hs[f"{t.suite}/{t.difficulty}"]
-            g = max((jacc(sh, s) for h, s, c in cands if contains(have, c)), default=0.0)
+            g = max((jacc(sh, s) for h, s, c in cands if held_in_context(have, c)), default=0.0)
             u = max((jacc(sh, s) for h, s, c in cands), default=0.0)
             scores.append((lab, g, u))
         for thr in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
@@ -329,9 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                 npos = sum(1 for s in scores if s[0] == "pos")
                 sweep.append({"rule": "minhash", "shingle": size, "threshold": thr, "gate": gate,
                               "recall": tp / npos, "false_pos": fp})
-                if thr in (0.4, 0.5, 0.6) or not gate:
-                    if thr in (0.4, 0.5, 0.6):
-                        print(f"{'jaccard':<10}{size:>5}{thr:>6}{str(gate):>6}{tp / npos:>8.3f}{fp:>8}")
+                if thr in (0.4, 0.5, 0.6):
+                    print(f"{'jaccard':<10}{size:>5}{thr:>6}{gate!s:>6}{tp / npos:>8.3f}{fp:>8}")
     for n_gram in (2, 3, 4, 8):
         c = DecontamConfig(ngram=n_gram)
         decs = {k: Decontaminator(v, c) for k, v in held_by.items()}
@@ -362,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 prec = tp / (tp + fp) if tp + fp else 1.0
                 dd.append({"shingle": size, "threshold": thr, "same_problem": gate, "precision": prec,
                            "recall": tp / npos, "tp": tp, "fp": fp})
-                print(f"{size:>8}{thr:>6}{str(gate):>14}{prec:>11.3f}{tp / npos:>8.3f}")
+                print(f"{size:>8}{thr:>6}{gate!s:>14}{prec:>11.3f}{tp / npos:>8.3f}")
     out["dedup_sweep"] = dd
     # the default DedupConfig through dedup_rows itself, per kind
     per_kind: dict[str, list[int]] = defaultdict(lambda: [0, 0])

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 from datasketch import MinHash, MinHashLSH
 
-from tasks.spec import Task
 from curate.config import DecontamConfig
 from curate.dedup import call_text, row_text
 from curate.normalise import constants_in_context, contains, grams, held_in_context, normalise, numbers, tokens
+from tasks.spec import Task
 from warehouse.record import Trajectory
 
 HELDOUT_TASK = "heldout_task"
@@ -169,7 +169,7 @@ class Decontaminator:
             for i in range(len(acted) - k + 1):
                 hit = self.expressions.get(tuple(acted[i : i + k]))
                 if hit:
-                    return sorted(hit)[0]
+                    return min(hit)
         return None
 
     def _answer(self, acted: list[str], final: list[str]) -> str | None:

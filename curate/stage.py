@@ -21,13 +21,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tasks.spec import Task
 from curate.config import CurateConfig, config_hash
 from curate.decontam import find_contamination
 from curate.dedup import dedup_rows
 from curate.demos import import_demos
 from curate.filters import filter_rows
 from curate.mixing import mix, write_snapshot
+from tasks.spec import Task
 from warehouse.record import Trajectory, from_dict
 
 SELECTED = "selected"

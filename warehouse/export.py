@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import duckdb
 import pyarrow as pa
 
 from warehouse.query import QueryError, iter_trajectories, query
@@ -123,6 +124,27 @@ def _check_out(path: str, overwrite: bool) -> None:
         raise ExportError(f"{path} already exists: choose another output path or pass overwrite=True")
 
 
+def _write_jsonl(out_path: str, examples: Iterable[dict[str, Any]]) -> int:
+    """Write examples as JSON lines atomically (temp name, fsync, rename); returns how many."""
+    folder = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(out_path)}.{uuid.uuid4().hex[:8]}.tmp")
+    n = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for ex in examples:
+                f.write(json.dumps(ex, ensure_ascii=False, default=str))
+                f.write("\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return n
+
+
 def _iter_rows(root: str, where: str | None) -> Iterable[dict[str, Any]]:
     try:
         for batch in iter_trajectories(root, where):
@@ -137,22 +159,7 @@ def export_jsonl(root: str, out_path: str, where: str | None = None, *, argument
     filters: verdict, suite, split, source, run_id, round (see build_where)."""
     _check_out(out_path, overwrite)
     clause = build_where(where, **filters)
-    folder = os.path.dirname(os.path.abspath(out_path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(out_path)}.{uuid.uuid4().hex[:8]}.tmp")
-    n = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in _iter_rows(root, clause):
-                f.write(json.dumps(to_trl_example(row, arguments_as, metadata), ensure_ascii=False, default=str))
-                f.write("\n")
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    n = _write_jsonl(out_path, (to_trl_example(row, arguments_as, metadata) for row in _iter_rows(root, clause)))
     return ExportResult(path=out_path, n_rows=n, fmt="jsonl")
 
 
@@ -187,7 +194,7 @@ def _snapshot_rows(root: str, snapshot_id: str) -> list[dict[str, Any]]:
     try:
         try:
             known = con.execute("SELECT n_rows FROM datasets WHERE snapshot_id = ?", [snapshot_id]).fetchall()
-        except Exception as e:  # noqa: BLE001 - duckdb raises its own catalog error when no snapshot was ever made
+        except duckdb.Error as e:  # no datasets view: no snapshot was ever made
             raise ExportError(f"no snapshots under {root!r} ({e.__class__.__name__}); run `flywheel curate` "
                               "first") from e
         if not known:
@@ -216,22 +223,10 @@ def export_snapshot(root: str, snapshot_id: str, out: str, fmt: Literal["jsonl",
     _check_out(out, overwrite)
     rows = _snapshot_rows(root, snapshot_id)
     if fmt == "jsonl":
-        folder = os.path.dirname(os.path.abspath(out))
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".{os.path.basename(out)}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                for row in rows:
-                    ex = to_trl_example(row, arguments_as, metadata)
-                    ex["weight"] = float(row["weight"])
-                    f.write(json.dumps(ex, ensure_ascii=False, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return ExportResult(path=out, n_rows=len(rows), fmt="jsonl")
+        def examples() -> Iterable[dict[str, Any]]:
+            for row in rows:
+                yield {**to_trl_example(row, arguments_as, metadata), "weight": float(row["weight"])}
+        return ExportResult(path=out, n_rows=_write_jsonl(out, examples()), fmt="jsonl")
     if fmt != "datasets":
         raise ExportError(f"unknown export format {fmt!r}: choose jsonl or datasets")
     if arguments_as != "string":

@@ -19,7 +19,7 @@ from warehouse.lake import write_trajectories
 
 
 def fw(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FLYWHEEL, *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([FLYWHEEL, *args], capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def snap(tmp_path_factory):
 
 
 def test_snapshot_export_is_the_manifest_with_weights_and_object_arguments(snap, tmp_path):
-    root, res, leak, hack = snap
+    root, res, _, _ = snap
     out = tmp_path / "snap.jsonl"
     p = fw("export", str(out), "--root", root, "--snapshot", res.snapshot_id, "--metadata")
     assert p.returncode == 0, p.stderr
@@ -61,7 +61,7 @@ def test_snapshot_export_is_the_manifest_with_weights_and_object_arguments(snap,
 
 
 def test_raw_lake_export_warns_and_holds_what_curation_dropped(snap, tmp_path):
-    root, res, leak, hack = snap
+    root, _, leak, hack = snap
     out = tmp_path / "raw.jsonl"
     p = fw("export", str(out), "--root", root, "--verdict", "pass", "--metadata")
     assert p.returncode == 0, p.stderr
