@@ -143,8 +143,8 @@ def _key(prompt: str) -> tuple[str, ...]:
 
 
 def same_problem(a: Task, b: Task) -> bool:
-    """Two tasks pose one problem: the same reference solution, the same expression up to commuting + or * (arithmetic), or the same family
-    with the same parameters up to the person's name or the order of symmetric ones (same answer)."""
+    """Two tasks pose one problem: the same reference solution, the same expression up to commuting + or *
+    (arithmetic), or the same family with the same parameters up to the person's name or the order of symmetric ones (same answer)."""
     ea, eb = a.metadata.get("expression"), b.metadata.get("expression")
     if [st.arguments for st in a.reference.steps] == [st.arguments for st in b.reference.steps]:
         return True   # the held-out task's reference solution is the train task's, verbatim

@@ -18,8 +18,9 @@ held-out task H when one of these rules fires (checked in this order; the first 
 
 The prompt rules also require H's defining constants (numbers, quoted literals, code identifiers of H's prompt) to
 occur in the row's user and system messages (the tool calls of another problem often repeat a number), each with
-its left or right neighbour token (so a look-alike that swaps two numbers' roles does not pass): procedural suites share templates, so an honest train task of the same template differs from
-H in exactly those, while a paraphrase of H keeps them. Thresholds are measured on a planted set
+its left or right neighbour token (so a look-alike that swaps two numbers' roles does not pass): procedural
+suites share templates, so an honest train task of the same template differs from H in exactly those, while a
+paraphrase of H keeps them. Thresholds are measured on a planted set
 (benchmarks/decontam.py). This module reads no files.
 """
 
@@ -151,7 +152,8 @@ class Decontaminator:
     def score(self, row: Trajectory) -> tuple[float, str | None]:
         """Best (weighted n-gram share, held-out task id) over held-out tasks whose constants the row holds."""
         toks = tokens(row_text(row, include_system=True))
-        have = [c for m in row.messages if m.role in ("user", "system") for c in constants_in_context(tokens(m.content or ""))]
+        have = [c for m in row.messages if m.role in ("user", "system")
+                for c in constants_in_context(tokens(m.content or ""))]
         acc: dict[str, float] = defaultdict(float)
         for n in self.sizes:
             for g in grams(toks, n):

@@ -157,5 +157,6 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
         parent_snapshot_id=parent_id, n_candidates=len(candidates), n_selected=len(mixed.selected),
         selected_by_source=selected_by_source, selected_by_suite=selected_by_suite,
         dropped_by_reason=dropped_by_reason, counts=counts, outcomes=outcomes, duplicate_of=duplicate_of,
-        contaminated_by=contaminated_by, contamination=contamination, demos_written=demos_written, demo_errors=demo_errors,
+        contaminated_by=contaminated_by, contamination=contamination, demos_written=demos_written,
+        demo_errors=demo_errors,
     )
