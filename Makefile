@@ -22,6 +22,7 @@ bench:
 	.venv/bin/python benchmarks/rollout.py
 	.venv/bin/python benchmarks/http_client.py
 	.venv/bin/python benchmarks/verify.py --backend both --n 10
+	.venv/bin/python benchmarks/decontam.py --train 1000 --heldout 100 --code-train 100
 
 lint:
 	.venv/bin/ruff check .

@@ -45,15 +45,20 @@ class DedupConfig(BaseModel):
     exact: bool = Field(default=True, description="Drop rows whose normalised conversation equals a kept one.")
     near: bool = Field(default=True, description="Drop rows whose MinHash Jaccard to a kept one reaches threshold.")
     threshold: float = Field(
-        default=0.6, ge=0.0, le=1.0,
-        description="Jaccard similarity of token shingles at which two rows are near-duplicates. Agentic episodes "
-                    "are short: on the arithmetic suite distinct problems of one template reach about 0.55, a "
-                    "re-worded copy of one episode 0.6-0.85, and problems differing only in a name about 0.9.")
+        default=0.5, ge=0.0, le=1.0,
+        description="Jaccard similarity of token 3-shingles of the normalised conversations at which two rows of "
+                    "the same problem are near-duplicates. Agentic episodes are short: a copy with a reworded final "
+                    "line scores 0.5-0.6, distinct problems of one template up to about 0.55 (same_problem keeps "
+                    "them apart); measured in benchmarks/decontam.py.")
     near_scope: Literal["all", "task"] = Field(
         default="all",
         description="'all': any two rows can be near-duplicates; 'task': only rows of the same suite and task.")
+    same_problem: bool = Field(
+        default=True,
+        description="Near-duplicates must also share the defining constants of their user messages (numbers, "
+                    "quoted literals, identifiers): two problems of one template are never near-duplicates.")
     num_perm: int = Field(default=128, ge=16, le=1024, description="MinHash permutations (accuracy vs. speed).")
-    shingle: int = Field(default=3, ge=1, le=16, description="Tokens per shingle.")
+    shingle: int = Field(default=3, ge=1, le=16, description="Tokens per shingle of the normalised conversation.")
     include_system: bool = Field(
         default=False,
         description="Include system messages in near-duplicate shingles. Off: the shared tool instructions would "
@@ -69,12 +74,27 @@ class DecontamConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(default=True, description="Run decontamination against the held-out tasks given.")
-    ngram: int = Field(default=8, ge=2, le=32,
-                       description="Token n-gram size; a held-out prompt shorter than this is one n-gram whole.")
+    ngram: int = Field(default=3, ge=1, le=32,
+                       description="Token n-gram size of the prompt_ngram rule; a held-out prompt shorter than this "
+                                   "is one n-gram whole. Short: one changed word breaks only n of a prompt's n-grams "
+                                   "(benchmarks/decontam.py measures 2-8).")
     threshold: float = Field(
         default=0.8, gt=0.0, le=1.0,
         description="Share of a held-out prompt's n-grams (weighted by rarity across all task prompts, so template "
                     "phrases count little) that a training row must contain to be dropped as contaminated.")
+    expression: bool = Field(
+        default=True,
+        description="Rules expression and answer_tuple: the held-out task's expression in the episode's tool calls "
+                    "or assistant text, or its answer in the final message with all its defining numbers.")
+    minhash: bool = Field(default=True, description="Rule prompt_minhash: MinHash/LSH similarity of user messages "
+                                                    "to held-out prompts.")
+    minhash_threshold: float = Field(
+        default=0.5, gt=0.0, le=1.0,
+        description="Jaccard similarity of prompt shingles (confirmed exactly) at which a user message that also "
+                    "holds the held-out prompt's constants is a paraphrase of it (measured: benchmarks/decontam.py).")
+    minhash_shingle: int = Field(default=1, ge=1, le=8, description="Tokens per shingle of the prompt_minhash rule "
+                                 "(1: short prompts lose too many 2-shingles to one swapped word).")
+    num_perm: int = Field(default=128, ge=16, le=1024, description="MinHash permutations of the prompt_minhash rule.")
 
 
 class MixConfig(BaseModel):

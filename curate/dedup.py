@@ -1,11 +1,13 @@
 """De-duplication of training rows: exact (hash of the normalised conversation) and near (MinHash/LSH).
 
-Normalisation drops what differs between copies of the same episode without changing what a model learns from
-it: tool-call ids, whitespace runs, the key order and spacing of JSON arguments. Near-duplicates are found with
-datasketch's MinHash and MinHashLSH over token shingles of the conversation (system messages left out by default:
-shared tool instructions would make every pair alike); each LSH candidate is confirmed by the exact Jaccard
-similarity of the two shingle sets, so the estimate's noise never drops a row. Rows from earlier snapshots can be loaded as "prior": a candidate matching one is dropped
-with its own reason. Which copy survives is deterministic (DedupConfig.prefer, then round, sample index, id).
+Exact: tool-call ids, whitespace runs and the key order and spacing of JSON arguments are dropped before hashing.
+Near: datasketch's MinHash and MinHashLSH over token shingles of the normalised conversation (curate/normalise.py:
+case, whitespace, number formats, so `178.0` is `178`; system messages left out by default: shared tool
+instructions would make every pair alike), each LSH candidate confirmed by the exact Jaccard similarity of the two
+shingle sets (the estimate's noise never drops a row) and, by default, by equal defining constants of the user
+messages (the same problem). Shingle size and threshold are measured on a labelled set (benchmarks/decontam.py).
+Rows from earlier snapshots can be loaded as "prior": a candidate matching one is dropped with its own reason.
+Which copy survives is deterministic (DedupConfig.prefer, then round, sample index, id).
 This module reads no files and does not filter on quality.
 """
 
@@ -19,7 +21,8 @@ from collections.abc import Iterable
 from datasketch import MinHash, MinHashLSH
 
 from curate.config import DedupConfig
-from warehouse.record import Message, Trajectory
+from curate.normalise import constants, grams, tokens
+from warehouse.record import Message, ToolCall, Trajectory
 
 DUP_EXACT = "dup_exact"
 DUP_NEAR = "dup_near"
@@ -27,13 +30,7 @@ DUP_EXACT_EARLIER = "dup_exact_earlier_snapshot"
 DUP_NEAR_EARLIER = "dup_near_earlier_snapshot"
 
 _WS = re.compile(r"\s+")
-_TOKEN = re.compile(r"[a-z_]+|\d+(?:\.\d+)?|[+\-*/=<>%^]")
 _MINHASH_SEED = 1
-
-
-def tokens(text: str) -> list[str]:
-    """Lower-cased word, number and operator tokens; other punctuation is dropped."""
-    return _TOKEN.findall(text.lower())
 
 
 def _canon_args(arguments: str) -> str:
@@ -67,21 +64,30 @@ def row_text(row: Trajectory, *, include_system: bool = False) -> str:
             continue
         if m.content:
             parts.append(m.content)
-        for c in m.tool_calls or []:
-            try:
-                args = json.loads(c.function.arguments)
-                vals = [str(v) for v in args.values()] if isinstance(args, dict) else [str(args)]
-            except (json.JSONDecodeError, TypeError):
-                vals = [c.function.arguments or ""]
-            parts.append(" ".join([c.function.name, *vals]))
+        parts += [call_text(c) for c in m.tool_calls or []]
     return "\n".join(parts)
 
 
+def call_text(call: ToolCall) -> str:
+    """A tool call as text: its name, then its argument values (JSON decoded; the raw string when not JSON)."""
+    try:
+        args = json.loads(call.function.arguments)
+        vals = [str(v) for v in args.values()] if isinstance(args, dict) else [str(args)]
+    except (json.JSONDecodeError, TypeError):
+        vals = [call.function.arguments or ""]
+    return " ".join([call.function.name, *vals])
+
+
 def shingles(text: str, size: int) -> set[bytes]:
-    toks = tokens(text)
-    if len(toks) < size:
-        return {" ".join(toks).encode()} if toks else set()
-    return {" ".join(toks[i : i + size]).encode() for i in range(len(toks) - size + 1)}
+    """Token shingles of the normalised text (curate/normalise.py: case, whitespace, number formats)."""
+    return {" ".join(g).encode() for g in grams(tokens(text), size)}
+
+
+def problem_key(row: Trajectory) -> tuple[tuple[str, int], ...]:
+    """The defining constants (numbers, quoted literals, identifiers) of the row's user messages, sorted: two
+    episodes of one problem share it, two problems of one template differ in it."""
+    toks = [t for m in row.messages if m.role == "user" for t in tokens(m.content or "")]
+    return tuple(sorted(constants(toks).items()))
 
 
 def minhashes(sets: list[set[bytes]], cfg: DedupConfig) -> list[MinHash | None]:
@@ -120,7 +126,7 @@ def dedup_rows(
     exact_seen: dict[str, tuple[str, bool]] = {}  # hash -> (id, is_prior)
     # LSH finds candidates with a lower threshold (recall); each is confirmed by its exact Jaccard similarity.
     lsh = MinHashLSH(threshold=max(0.05, cfg.threshold - 0.15), num_perm=cfg.num_perm) if cfg.near else None
-    indexed: dict[str, tuple[set[bytes], bool, str]] = {}  # id -> (shingles, is_prior, task key)
+    indexed: dict[str, tuple[set[bytes], bool, str, tuple]] = {}  # id -> (shingles, is_prior, task key, problem)
 
     def shingle_sets(rs: list[Trajectory]) -> list[set[bytes]]:
         return [shingles(row_text(r, include_system=cfg.include_system), cfg.shingle) for r in rs]
@@ -131,7 +137,7 @@ def dedup_rows(
             exact_seen.setdefault(content_hash(p), (p.trajectory_id, True))
         if lsh is not None and mh is not None and p.trajectory_id not in indexed:
             lsh.insert(p.trajectory_id, mh)
-            indexed[p.trajectory_id] = (sh, True, f"{p.suite}/{p.task_id}")
+            indexed[p.trajectory_id] = (sh, True, f"{p.suite}/{p.task_id}", problem_key(p))
 
     row_sets = shingle_sets(rows) if cfg.near else [set() for _ in rows]
     for r, sh, mh in zip(rows, row_sets, minhashes(row_sets, cfg) if cfg.near else [None] * len(rows)):
@@ -145,9 +151,12 @@ def dedup_rows(
         task_key = f"{r.suite}/{r.task_id}"
         if lsh is not None and mh is not None:
             best: tuple[float, str, bool] | None = None
+            problem = problem_key(r) if cfg.same_problem else ()
             for key in lsh.query(mh):
-                other, is_prior, other_task = indexed[key]
+                other, is_prior, other_task, other_problem = indexed[key]
                 if cfg.near_scope == "task" and other_task != task_key:
+                    continue
+                if cfg.same_problem and other_problem != problem:
                     continue
                 j = jaccard(sh, other)
                 if j >= cfg.threshold and (best is None or (j, key) > (best[0], best[1])):
@@ -158,7 +167,7 @@ def dedup_rows(
                 continue
             if r.trajectory_id not in indexed:
                 lsh.insert(r.trajectory_id, mh)
-                indexed[r.trajectory_id] = (sh, False, task_key)
+                indexed[r.trajectory_id] = (sh, False, task_key, problem)
         if cfg.exact:
             exact_seen[h] = (r.trajectory_id, False)
         kept.append(r)

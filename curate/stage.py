@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from curate.config import CurateConfig, config_hash
-from curate.decontam import decontaminate
+from curate.decontam import find_contamination
 from curate.dedup import dedup_rows
 from curate.demos import import_demos
 from curate.filters import filter_rows
@@ -60,6 +60,8 @@ class CurateResult(BaseModel):
     outcomes: dict[str, str] = Field(description="trajectory_id -> 'selected' or its drop reason.")
     duplicate_of: dict[str, str] = Field(description="Dropped duplicate id -> id of the row it duplicates.")
     contaminated_by: dict[str, str] = Field(description="Dropped contaminated id -> held-out task id.")
+    contamination: dict[str, str] = Field(
+        default_factory=dict, description="Dropped contaminated id -> 'rule:held-out task id' (curate/decontam.py).")
     demos_written: int = 0
     demo_errors: list[str] = Field(default_factory=list, description="One line per problem of a rejected demo.")
 
@@ -116,8 +118,11 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
 
     rows, dropped = filter_rows(rows, cfg.filters)
     outcomes.update(dropped)
-    rows, dropped, contaminated_by = decontaminate(rows, heldout_tasks, cfg.decontam)
-    outcomes.update(dropped)
+    hits = find_contamination(rows, heldout_tasks, cfg.decontam)
+    rows = [r for r in rows if r.trajectory_id not in hits]
+    outcomes.update({k: h.reason for k, h in hits.items()})
+    contaminated_by = {k: h.heldout_id for k, h in hits.items()}
+    contamination = {k: f"{h.rule}:{h.heldout_id}" for k, h in sorted(hits.items())}
     rows, dropped, duplicate_of = dedup_rows(rows, cfg.dedup, prior)
     outcomes.update(dropped)
     mixed = mix(rows, cfg.mix)
@@ -142,6 +147,7 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
         "by_source": selected_by_source, "by_suite": selected_by_suite, "dropped_by_reason": dropped_by_reason,
         "table": [c.model_dump() for c in counts], "n_candidates": len(candidates),
         "heldout_tasks": len(heldout_tasks), "heldout_ids_sha256": heldout_digest,
+        "contamination": contamination, "invalid_demos": demo_errors,
     }
     parent_id = parent[0][0] if parent else None
     sid, path = write_snapshot(root, run_id=run_id, round=round, selected=mixed.selected, cfg_hash=cfg_hash,
@@ -151,5 +157,6 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
         parent_snapshot_id=parent_id, n_candidates=len(candidates), n_selected=len(mixed.selected),
         selected_by_source=selected_by_source, selected_by_suite=selected_by_suite,
         dropped_by_reason=dropped_by_reason, counts=counts, outcomes=outcomes, duplicate_of=duplicate_of,
-        contaminated_by=contaminated_by, demos_written=demos_written, demo_errors=demo_errors,
+        contaminated_by=contaminated_by, contamination=contamination, demos_written=demos_written,
+        demo_errors=demo_errors,
     )

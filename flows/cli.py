@@ -163,7 +163,30 @@ def curate(
     _lake_root(cfg.run.out)
     from flows.curate import curate_flow
 
-    _print_dict(curate_flow(cfg, run_id, round))
+    res = curate_flow(cfg, run_id, round)
+    _print_dict(res)
+    _print_curation(cfg.run.out, res["snapshot_id"])
+
+
+def _print_curation(root: str, snapshot_id: str) -> None:
+    """The snapshot's counts by source, verdict and outcome, each contamination's rule and held-out task, and every
+    invalid demo, from its datasets row."""
+    from warehouse.query import connect
+
+    con = connect(root)
+    try:
+        got = con.execute("SELECT counts_json FROM datasets WHERE snapshot_id = ?", [snapshot_id]).fetchall()
+    finally:
+        con.close()
+    counts = json.loads(got[0][0]) if got else {}
+    print(f"{'source':<10}{'verdict':<13}{'outcome':<30}{'n':>6}")
+    for c in counts.get("table", []):
+        print(f"{c['source']:<10}{c['verdict']:<13}{c['outcome']:<30}{c['n']:>6}")
+    for tid, why in sorted(counts.get("contamination", {}).items()):
+        rule, _, held = why.partition(":")
+        print(f"contaminated {tid}: rule {rule} against held-out task {held}")
+    for err in counts.get("invalid_demos", []):
+        print(f"invalid demo: {err}")
 
 
 @train_app.command("sft")
@@ -246,7 +269,13 @@ def _lake_root(root: str) -> str:
 def export(
     out: Annotated[str, typer.Argument(help="Output: a .jsonl file or a datasets folder.")],
     root: Root = "runs/default",
+    snapshot: Annotated[Optional[str], typer.Option(help="Export exactly this curated snapshot's rows and weights "
+                                                         "(from `flywheel curate`): what training should read.")] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools) or datasets.")] = "jsonl",
+    arguments: Annotated[Optional[str], typer.Option(help="Tool-call arguments: object (what chat templates "
+                                                           "expect; jsonl default) or string (the OpenAI wire "
+                                                           "form; datasets default).")] = None,
+    metadata: Annotated[bool, typer.Option(help="Add trajectory id, run, round, source, suite, verdict, reward.")] = False,
     where: Annotated[Optional[str], typer.Option(help="SQL WHERE clause over the trajectories view.")] = None,
     verdict: Annotated[Optional[list[str]], typer.Option(help="Keep these verdicts (repeatable).")] = None,
     suite: Annotated[Optional[list[str]], typer.Option(help="Keep these suites (repeatable).")] = None,
@@ -255,11 +284,29 @@ def export(
     run_id: Annotated[Optional[list[str]], typer.Option("--run-id", help="Keep these runs (repeatable).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
 ) -> None:
-    """Export trajectories to JSONL in TRL's messages-plus-tools format or to a datasets folder."""
-    from warehouse.export import export_command
+    """Export a curated snapshot (--snapshot) or lake rows to JSONL in TRL's messages-plus-tools format or to a
+    datasets folder."""
+    from warehouse.export import export_command, export_snapshot
 
+    if arguments not in (None, "object", "string"):
+        raise UsageError(f"--arguments {arguments!r}: choose object or string")
+    args_as = arguments or ("string" if format == "datasets" else "object")
+    filters = {"--where": where, "--verdict": verdict, "--suite": suite, "--split": split, "--source": source,
+               "--run-id": run_id}
+    if snapshot is not None:
+        used = [k for k, v in filters.items() if v]
+        if used:
+            raise UsageError(f"--snapshot exports exactly the snapshot's rows; drop {', '.join(used)} (curate "
+                             "again with other settings to change what a snapshot holds)")
+        res = export_snapshot(_lake_root(root), snapshot, out, format, arguments_as=args_as,  # type: ignore[arg-type]
+                              metadata=metadata, overwrite=overwrite)
+        print(f"wrote {res.n_rows} rows of snapshot {snapshot} to {res.path} ({res.fmt}, with weights)")
+        return
+    print("warning: exporting from the raw lake bypasses curation (no dedup, decontamination or hack filter); "
+          "for training export a snapshot: flywheel export OUT --snapshot S", file=sys.stderr)
     res = export_command(_lake_root(root), out, format, where, verdict=verdict, suite=suite, split=split,
-                         source=source, run_id=run_id, overwrite=overwrite)
+                         source=source, run_id=run_id, arguments_as=args_as,  # type: ignore[arg-type]
+                         metadata=metadata, overwrite=overwrite)
     print(f"wrote {res.n_rows} rows to {res.path} ({res.fmt})")
 
 

@@ -11,8 +11,12 @@ suite, split, source, run_id, round), in a stable order (run_id, round, created_
 - datasets folder (`datasets.load_from_disk(path)` works): columns messages (list of structs, absent fields
   null), tools (a JSON string: TRL's SFTTrainer json-decodes a string `tools` column), plus the metadata columns.
 
-Both write atomically (temp name, then rename) and refuse to overwrite unless overwrite=True. This module does
-not curate or mix (curate.py does); it only selects and formats.
+`export_snapshot` exports exactly a curated snapshot's rows (its manifest joined to the trajectories, in manifest
+order) with their weights; that is what training should read. Filters over the raw lake bypass curation (no
+dedup, decontamination or hack filter), and the CLI says so.
+
+All write atomically (temp name, then rename) and refuse to overwrite unless overwrite=True. This module does
+not curate or mix (curate/ does); it only selects and formats.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import duckdb
 import pyarrow as pa
 
 from warehouse.query import QueryError, iter_trajectories, query
@@ -119,6 +124,27 @@ def _check_out(path: str, overwrite: bool) -> None:
         raise ExportError(f"{path} already exists: choose another output path or pass overwrite=True")
 
 
+def _write_jsonl(out_path: str, examples: Iterable[dict[str, Any]]) -> int:
+    """Write examples as JSON lines atomically (temp name, fsync, rename); returns how many."""
+    folder = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(out_path)}.{uuid.uuid4().hex[:8]}.tmp")
+    n = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for ex in examples:
+                f.write(json.dumps(ex, ensure_ascii=False, default=str))
+                f.write("\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return n
+
+
 def _iter_rows(root: str, where: str | None) -> Iterable[dict[str, Any]]:
     try:
         for batch in iter_trajectories(root, where):
@@ -133,22 +159,7 @@ def export_jsonl(root: str, out_path: str, where: str | None = None, *, argument
     filters: verdict, suite, split, source, run_id, round (see build_where)."""
     _check_out(out_path, overwrite)
     clause = build_where(where, **filters)
-    folder = os.path.dirname(os.path.abspath(out_path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(out_path)}.{uuid.uuid4().hex[:8]}.tmp")
-    n = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in _iter_rows(root, clause):
-                f.write(json.dumps(to_trl_example(row, arguments_as, metadata), ensure_ascii=False, default=str))
-                f.write("\n")
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    n = _write_jsonl(out_path, (to_trl_example(row, arguments_as, metadata) for row in _iter_rows(root, clause)))
     return ExportResult(path=out_path, n_rows=n, fmt="jsonl")
 
 
@@ -170,13 +181,74 @@ def export_datasets(root: str, out_dir: str, where: str | None = None, *, overwr
         table: pa.Table = query(root, sql)
     except QueryError as e:
         raise ExportError(f"cannot select trajectories WHERE {clause!r}: {e}") from e
-    ds = datasets.Dataset(datasets.table.InMemoryTable(table))
+    _save_dataset(datasets.Dataset(datasets.table.InMemoryTable(table)), out_dir)
+    return ExportResult(path=out_dir, n_rows=table.num_rows, fmt="datasets")
+
+
+def _snapshot_rows(root: str, snapshot_id: str) -> list[dict[str, Any]]:
+    """The snapshot's trajectories with their manifest weight, in manifest order (ExportError when the snapshot is
+    unknown or the lake lost some of its rows)."""
+    from warehouse.query import connect
+
+    con = connect(root)
+    try:
+        try:
+            known = con.execute("SELECT n_rows FROM datasets WHERE snapshot_id = ?", [snapshot_id]).fetchall()
+        except duckdb.Error as e:  # no datasets view: no snapshot was ever made
+            raise ExportError(f"no snapshots under {root!r} ({e.__class__.__name__}); run `flywheel curate` "
+                              "first") from e
+        if not known:
+            raise ExportError(f"snapshot {snapshot_id!r} is not in the datasets table of {root!r}; list them with "
+                              f"flywheel sql --root {root} \"SELECT snapshot_id, run_id, round, n_rows FROM datasets\"")
+        rows = con.sql(
+            "SELECT t.*, m.weight AS weight FROM (SELECT *, row_number() OVER () AS _pos FROM manifests "
+            "WHERE snapshot_id = ?) m JOIN trajectories t USING (trajectory_id) ORDER BY m._pos",
+            params=[snapshot_id]).to_arrow_table().to_pylist()
+    finally:
+        con.close()
+    if len(rows) != known[0][0]:
+        raise ExportError(f"snapshot {snapshot_id!r} lists {known[0][0]} rows but the lake holds {len(rows)} of them: "
+                          "trajectories were deleted or quarantined after the snapshot was made")
+    return rows
+
+
+def export_snapshot(root: str, snapshot_id: str, out: str, fmt: Literal["jsonl", "datasets"] = "jsonl", *,
+                    arguments_as: ArgumentsAs = "object", metadata: bool = False,
+                    overwrite: bool = False) -> ExportResult:
+    """Exactly the rows of a curated snapshot, each with its manifest weight (a `weight` field / column).
+
+    JSONL rows are {"messages", "tools", "weight"} (+ metadata), tool-call arguments as objects by default so that
+    `tokenizer.apply_chat_template(messages, tools=tools)` renders them as chat templates expect; a datasets
+    folder keeps them as JSON strings (Arrow needs one type per column) with tools as a JSON string."""
+    _check_out(out, overwrite)
+    rows = _snapshot_rows(root, snapshot_id)
+    if fmt == "jsonl":
+        def examples() -> Iterable[dict[str, Any]]:
+            for row in rows:
+                yield {**to_trl_example(row, arguments_as, metadata), "weight": float(row["weight"])}
+        return ExportResult(path=out, n_rows=_write_jsonl(out, examples()), fmt="jsonl")
+    if fmt != "datasets":
+        raise ExportError(f"unknown export format {fmt!r}: choose jsonl or datasets")
+    if arguments_as != "string":
+        raise ExportError("a datasets folder keeps tool arguments as JSON strings (Arrow needs one type per column); "
+                          "use --format jsonl for arguments as objects, or --arguments string")
+    import datasets  # heavy import, only here
+
+    cols = {"messages": [r["messages"] for r in rows], "tools": [r.get("tools_json") or "[]" for r in rows],
+            "weight": [float(r["weight"]) for r in rows]}
+    cols.update({c: [r.get(c) for r in rows] for c in METADATA_COLUMNS})
+    ds = datasets.Dataset.from_dict(cols)
+    _save_dataset(ds, out)
+    return ExportResult(path=out, n_rows=len(rows), fmt="datasets")
+
+
+def _save_dataset(ds: Any, out_dir: str) -> None:
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         ds.save_to_disk(tmp)
-        if os.path.isdir(out_dir):  # overwrite=True (checked above)
+        if os.path.isdir(out_dir):  # overwrite=True (checked by the caller)
             shutil.rmtree(out_dir)
         elif os.path.exists(out_dir):
             os.unlink(out_dir)
@@ -184,7 +256,6 @@ def export_datasets(root: str, out_dir: str, where: str | None = None, *, overwr
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
-    return ExportResult(path=out_dir, n_rows=table.num_rows, fmt="datasets")
 
 
 def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets"] = "jsonl", where: str | None = None,
