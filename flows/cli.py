@@ -339,6 +339,8 @@ def tasks_validate(path: Annotated[str, typer.Argument(help="Task file: JSONL, P
     if not report.ok:
         for p in report.problems:
             print(p, file=sys.stderr)
+        print(f"error: {len(report.problems)} problem(s) in {path}; fix the lines above (or pass --format)",
+              file=sys.stderr)
         raise typer.Exit(2)
     print(f"ok: {path}")
 
@@ -426,26 +428,48 @@ def _register_ops_commands() -> None:
 _register_ops_commands()
 
 
+def _usage_exit(e: BaseException) -> int:
+    """A click usage error (typer's vendored click or the installed one): the usage line and hint as click shows
+    them, then one `error:` line; its exit code (2 for usage errors)."""
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError as TyperUsageError
+
+    if isinstance(e, NoArgsIsHelpError):  # a bare group: its help, exit 2 as click does
+        e.show()
+        return e.exit_code
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, TyperUsageError) and ctx is not None:
+        hint = f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help." if ctx.help_option_names else ""
+        print(ctx.get_usage(), file=sys.stderr)
+        if hint:
+            print(hint, file=sys.stderr)
+    print(f"error: {e.format_message()}", file=sys.stderr)
+    return e.exit_code
+
+
 def main() -> None:
+    """The console script: exit code 0 on success, 2 and one `error:` line on bad input or a usage error,
+    130 when aborted; a traceback only for bugs."""
     # This machine (and many clusters) has no route to Prefect's telemetry endpoint: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    import click
+    from typer._click import exceptions as tclick
+
     try:
-        app(standalone_mode=False)
-    except typer.Abort:
+        # standalone_mode=False: typer.Exit(n) comes back as the return value, errors are raised to us
+        rv = app(standalone_mode=False)
+    except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
+    except (tclick.ClickException, click.exceptions.ClickException) as e:
+        sys.exit(_usage_exit(e))
+    except (typer.Exit, click.exceptions.Exit) as e:
+        sys.exit(e.exit_code)
+    except Exception as e:
         if _is_known(e):
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":
