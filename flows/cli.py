@@ -39,6 +39,7 @@ KNOWN_ERRORS = (
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
+    ("flows.localserver", "LocalServerError"),
     ("training.registry", "RegistryError"), ("training.sft", "TrainingError"), ("training.tiny", "TinyModelError"),
 )
 
@@ -82,9 +83,11 @@ def generate(
         if val is not None:
             overrides.append(f"{key}={json.dumps(val)}")
     cfg = load_config(config, overrides)
+    _start_server()
     from flows.generate import generate_flow, preflight, print_summary
 
-    preflight(cfg)  # bad suite, endpoint or engine: one line before any server starts or file is written
+    preflight(cfg)  # bad suite, endpoint or engine: one line before any file is written
+    _server_ready()
     summary = generate_flow(cfg)
     print_summary(summary)
 
@@ -114,10 +117,12 @@ def run(
             if val is not None:
                 overrides.append(f"{key}={json.dumps(val)}")
         cfg = load_config(config, overrides)
+    _start_server()
     from flows.flywheel import flywheel_flow, preflight, print_summary
 
     if not resume:
         preflight(cfg)
+    _server_ready()
     print_summary(flywheel_flow(cfg, resume=bool(resume)))
 
 
@@ -142,6 +147,21 @@ def _cfg(config: Optional[Path], out: Optional[str], set_: Optional[list[str]], 
     return load_config(config, overrides)
 
 
+def _start_server() -> None:
+    """Start this command's temporary Prefect server now, in parallel with the checks and imports that follow,
+    when no PREFECT_API_URL is set (flows/localserver.py: it dies with the command, killed or not)."""
+    from flows import localserver
+
+    localserver.start()
+
+
+def _server_ready() -> None:
+    """Wait for the server of `_start_server` (and release slots that dead commands held) before the flow."""
+    from flows import localserver
+
+    localserver.wait_ready()
+
+
 def _print_dict(d: dict) -> None:
     print(json.dumps(d, indent=1, default=str))
 
@@ -161,8 +181,10 @@ def curate(
         sets.append(f"curate.demo_paths={json.dumps(demos)}")
     cfg = _cfg(config, out, sets)
     _lake_root(cfg.run.out)
+    _start_server()
     from flows.curate import curate_flow
 
+    _server_ready()
     _print_dict(curate_flow(cfg, run_id, round))
 
 
@@ -179,8 +201,10 @@ def train_sft(
     """SFT (TRL SFTTrainer, assistant-only loss, multi-turn with tools) of a model on a training snapshot."""
     cfg = _cfg(config, out, set_)
     _lake_root(cfg.run.out)
+    _start_server()
     from flows.train import train_sft_flow
 
+    _server_ready()
     _print_dict(train_sft_flow(cfg, model, snapshot, run_id, round))
 
 
@@ -196,8 +220,10 @@ def train_grpo(
 ) -> None:
     """GRPO (TRL GRPOTrainer) with our sandboxes as the environment and our verifiers as the reward."""
     cfg = _cfg(config, out, set_, backend)
+    _start_server()
     from flows.train import train_grpo_flow
 
+    _server_ready()
     _print_dict(train_grpo_flow(cfg, model, run_id, round))
 
 
@@ -213,8 +239,10 @@ def evaluate(
 ) -> None:
     """Held-out pass@1 of a model on the schedule's suites (config [flywheel] suites), rows into the lake."""
     cfg = _cfg(config, out, set_, backend)
+    _start_server()
     from flows.evaluate import evaluate_flow
 
+    _server_ready()
     for m in evaluate_flow(cfg, model, run_id=run_id, name=name):
         print(f"{m['suite']:>20}  pass@1 {m['value']:.1%}")
 

@@ -1,0 +1,194 @@
+"""The temporary Prefect server of one CLI command, started by flywheel instead of by Prefect, so that a killed
+command leaves neither a server nor taken concurrency slots behind.
+
+With no PREFECT_API_URL, Prefect starts a server subprocess on a command's first API call. Two faults follow from
+that (issue 22): a SIGKILL of the command leaves the server running, re-parented to init; and the server keeps the
+leases of global concurrency slots in its memory while the slot counts live in the user's database, so slots a
+killed command held stay taken for good and every later command waits on them. Here instead:
+  - `start()` launches the same server (uvicorn over `prefect.server.api.server:create_app`, the user's database
+    in PREFECT_HOME, so runs stay visible to a later `prefect server start`) at the very start of the command,
+    in parallel with config checks and imports, with PR_SET_PDEATHSIG=SIGKILL: the kernel kills it when the
+    command dies, however it dies (SIGKILL and OOM included);
+  - its leases go to a folder of this command, PREFECT_HOME/flywheel-leases/PID-STARTTIME (flows/lease_storage.py),
+    so they survive the command on disk;
+  - `wait_ready()` (before the first flow) waits for the health check, then releases the slots of the lease
+    folders whose command is gone (pid dead, or reused by another process) and deletes those folders. A lease on
+    disk after a power loss is reaped the same way. Concurrent live commands keep their slots.
+This module does nothing when PREFECT_API_URL is set (a real server: its repossessor expires leases itself) or
+FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server, the old behaviour). Importing it does not import prefect.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+class LocalServerError(RuntimeError):
+    """This command's temporary Prefect server did not come up; the message names the fix."""
+
+_server: subprocess.Popen | None = None
+_url: str | None = None
+_lease_dir: Path | None = None
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def lease_root() -> Path:
+    return prefect_home() / "flywheel-leases"
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of process pid (field 22 of /proc/PID/stat), None when no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wanted() -> bool:
+    return not os.environ.get("PREFECT_API_URL") and os.environ.get("FLYWHEEL_LOCAL_SERVER", "1") != "0" \
+        and sys.platform.startswith("linux")
+
+
+def start() -> str | None:
+    """Launch this command's server (once) and point PREFECT_API_URL at it; returns the API URL, or None when a
+    server is configured already (see `wanted`). Returns at once: `wait_ready()` waits for it."""
+    global _server, _url, _lease_dir
+    if _url or not wanted():
+        return _url
+    pid = os.getpid()
+    _lease_dir = lease_root() / f"{pid}-{_start_time(pid)}"
+    _lease_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    home = prefect_home()
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(home),
+           "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "flows.lease_storage", "FLYWHEEL_LEASE_DIR": str(_lease_dir),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
+    prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent.parent
+    _server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir), "--factory",
+         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
+         "--lifespan", "on"], env=env, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+    # atexit runs last-in first-out: registered before prefect is imported, the server stops after Prefect's own
+    # exit hooks have sent the buffered logs and events to it
+    atexit.register(stop)
+    _url = f"http://127.0.0.1:{port}/api"
+    os.environ["PREFECT_API_URL"] = _url
+    return _url
+
+
+def _api(method: str, path: str, body: dict | None = None, timeout: float = 10.0):
+    req = urllib.request.Request(f"{_url}{path}", method=method, data=None if body is None else
+                                 json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"null")
+
+
+def wait_ready(timeout_s: float = 120.0) -> None:
+    """Block until this command's server answers, then reap the slots of dead commands. No-op without one."""
+    if _server is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _api("GET", "/health", timeout=2)
+            break
+        except (OSError, urllib.error.URLError):
+            if _server.poll() is not None:
+                raise LocalServerError(f"the temporary Prefect server exited with code {_server.returncode} before it "
+                                   "answered; run `prefect server start` and export PREFECT_API_URL instead")
+            if time.monotonic() > deadline:
+                raise LocalServerError(f"the temporary Prefect server did not answer in {timeout_s:.0f} s; "
+                                       "run `prefect server start` and export PREFECT_API_URL instead")
+            time.sleep(0.05)
+    reap_dead_leases()
+
+
+def reap_dead_leases() -> dict[str, int]:
+    """Release the slots of every lease folder whose command is gone; returns limit name -> slots released."""
+    released: Counter[str] = Counter()
+    root = lease_root()
+    for folder in sorted(root.glob("*-*")) if root.is_dir() else []:
+        pid, _, start = folder.name.partition("-")
+        if not pid.isdigit() or folder == _lease_dir or _start_time(int(pid)) == start:
+            continue  # ours, or a live command's
+        claimed = folder.with_name(f".reaping-{os.getpid()}-{folder.name}")
+        try:
+            folder.rename(claimed)  # one reaper per folder, even with several commands starting at once
+        except OSError:
+            continue
+        per_limit: Counter[str] = Counter()
+        for f in claimed.glob("*.json"):
+            if f.name == "expirations.json":
+                continue
+            try:
+                lease = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            for rid in lease.get("resource_ids", []):
+                per_limit[rid] += int((lease.get("metadata") or {}).get("slots", 0))
+        for rid, slots in per_limit.items():
+            if slots <= 0:
+                continue
+            try:
+                name = _api("GET", f"/v2/concurrency_limits/{rid}")["name"]
+                _api("POST", "/v2/concurrency_limits/decrement", {"slots": slots, "names": [name]})
+            except (OSError, urllib.error.URLError, KeyError, TypeError):
+                continue  # the limit was deleted meanwhile: nothing to release
+            released[name] += slots
+            print(f"released {slots} slot(s) of concurrency limit {name!r} held by a command that died "
+                  f"(pid {pid})", file=sys.stderr)
+        shutil.rmtree(claimed, ignore_errors=True)
+    return dict(released)
+
+
+def stop() -> None:
+    """Stop this command's server (SIGTERM, then SIGKILL after 5 s) and remove its lease folder."""
+    global _server, _url
+    if _server is not None:
+        if _server.poll() is None:
+            _server.terminate()
+            try:
+                _server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _server.kill()
+                _server.wait()
+        _server = None
+    if _lease_dir is not None and not any(f.name != "expirations.json" for f in _lease_dir.glob("*.json")):
+        shutil.rmtree(_lease_dir, ignore_errors=True)  # a lease still on disk stays for the next command to reap
+    if _url and os.environ.get("PREFECT_API_URL") == _url:
+        os.environ.pop("PREFECT_API_URL")
+    _url = None

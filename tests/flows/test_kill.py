@@ -1,0 +1,119 @@
+"""SIGKILL of a `flywheel generate` in the middle of its rollouts, through the console script, with no Prefect
+server configured (the command's own temporary server, flows/localserver.py):
+  - no process of the killed command remains (its temporary Prefect server, its sandboxes), checked in /proc;
+  - the slots it held in the `flywheel-sandbox` global concurrency limit are released by the next command, which
+    completes at once instead of waiting forever for 8 of 8 slots;
+and a control: with FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server) the same kill leaves the slots taken.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FLYWHEEL
+
+pytestmark = pytest.mark.slow
+
+
+def _env(home: Path, marker: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return {**env, "PREFECT_HOME": str(home), "FW_KILL_TEST": marker}
+
+
+def processes_with(marker: str) -> list[str]:
+    """pid and command line of every live process whose environment holds FW_KILL_TEST=marker."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if f"FW_KILL_TEST={marker}".encode() not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(f"{d.name} {cmd}")
+    return out
+
+
+def active_slots(home: Path, name: str = "flywheel-sandbox") -> int:
+    """Slots the Prefect database counts as taken (0 before the database or the limit exists)."""
+    if not (home / "prefect.db").exists():
+        return 0
+    try:
+        with sqlite3.connect(home / "prefect.db") as db:
+            row = db.execute("SELECT active_slots FROM concurrency_limit_v2 WHERE name = ?", (name,)).fetchone()
+    except sqlite3.OperationalError:  # not migrated yet
+        return 0
+    return row[0] if row else 0
+
+
+def start_generate(tmp: Path, env: dict, n_tasks: int, out: str) -> subprocess.Popen:
+    return subprocess.Popen([FLYWHEEL, "generate", "--backend", "local", "--n-tasks", str(n_tasks), "--samples",
+                             "1", "--concurrency", "8", "--out", str(tmp / out)], env=env, cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_mid_rollout(tmp: Path, env: dict, home: Path) -> None:
+    """Start a long generate, wait until it holds its 8 sandbox slots, SIGKILL it."""
+    p = start_generate(tmp, env, 400, "lake-killed")
+    deadline = time.monotonic() + 300
+    while active_slots(home) < 8:
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline, "generate never took its sandbox slots"
+        time.sleep(0.2)
+    time.sleep(1.0)  # episodes in flight
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+
+
+def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path):
+    home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
+    env = _env(home, marker)
+    kill_mid_rollout(tmp_path, env, home)
+    deadline = time.monotonic() + 10  # the kernel delivers the parent-death signals; give them a moment
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(marker) == []
+    assert active_slots(home) == 8  # taken in the database by the dead command
+
+    t0 = time.monotonic()
+    p = start_generate(tmp_path, env, 2, "lake-next")
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert "rows written 2" in out
+    assert "released 8 slot(s) of concurrency limit 'flywheel-sandbox'" in err
+    assert active_slots(home) == 0
+    assert not [d for d in (home / "flywheel-leases").iterdir()]  # every lease folder reaped or removed
+    assert processes_with(marker) == []
+    print(f"next generate after the kill: {time.monotonic() - t0:.1f} s")
+
+
+def test_control_prefects_own_server_leaks_the_slots(tmp_path):
+    """The fault the fix removes, shown on the same path: Prefect's temporary server keeps leases in memory."""
+    home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
+    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "0"}
+    kill_mid_rollout(tmp_path, env, home)
+    time.sleep(2)
+    leftover = processes_with(marker)
+    try:
+        assert any("prefect.server.api.server:create_app" in c for c in leftover), leftover  # orphaned server
+        p = start_generate(tmp_path, env, 2, "lake-next")
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.communicate(timeout=60)  # waits on 8 of 8 slots nobody will release
+        p.kill()
+        p.communicate()
+        assert active_slots(home) == 8
+    finally:
+        for line in processes_with(marker):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
