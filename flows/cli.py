@@ -25,6 +25,8 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(demos_app, name="demos")
 train_app = typer.Typer(no_args_is_help=True, help="Train a student: SFT on a snapshot, GRPO in sandboxes.")
 app.add_typer(train_app, name="train")
+server_app = typer.Typer(no_args_is_help=True, help="A local Prefect server (with UI) that every command reuses.")
+app.add_typer(server_app, name="server")
 
 
 class UsageError(Exception):
@@ -444,6 +446,41 @@ def sandbox_build_image(
 
     image_id = build_image(tag or SandboxConfig().image, force=force)
     print(image_id)
+
+
+@server_app.command("start")
+def server_start(port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None
+                 ) -> None:
+    """Start a local Prefect server (UI included) that outlives this command; later commands without
+    PREFECT_API_URL use it instead of starting a temporary server each (found through PREFECT_HOME)."""
+    from flows import localserver
+
+    if os.environ.get("PREFECT_API_URL"):
+        raise UsageError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): commands use that server; "
+                         "unset it to use a local one")
+    st = localserver.start_shared(port)
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}); UI: {st['url'].removesuffix('/api')}")
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the local server of `flywheel server start`."""
+    from flows import localserver
+
+    st = localserver.stop_shared()
+    print(f"stopped: {st['url']} (pid {st['pid']})" if st else "not running")
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Whether the local server runs (exit 0, its URL) or not (exit 1)."""
+    from flows import localserver
+
+    st = localserver.shared_status()
+    if not st:
+        print("not running")
+        raise typer.Exit(1)
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']})")
 
 
 def _register_ops_commands() -> None:

@@ -81,33 +81,116 @@ def wanted() -> bool:
         and sys.platform.startswith("linux")
 
 
+def _server_argv(port: int) -> list[str]:
+    prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent.parent
+    return [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir), "--factory",
+            "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
+            "error", "--lifespan", "on"]
+
+
+def _server_env(lease_dir: Path, ephemeral: bool) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(prefect_home()),
+           "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "flows.lease_storage", "FLYWHEEL_LEASE_DIR": str(lease_dir),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop("PREFECT_API_URL", None)
+    if ephemeral:  # as Prefect starts its own temporary server: no UI, fewer services
+        env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"})
+    return env
+
+
 def start() -> str | None:
-    """Launch this command's server (once) and point PREFECT_API_URL at it; returns the API URL, or None when a
-    server is configured already (see `wanted`). Returns at once: `wait_ready()` waits for it."""
+    """Point PREFECT_API_URL at the shared server of `flywheel server start` when one runs, else launch this
+    command's own server (once); returns the API URL, or None when a server is configured already (see
+    `wanted`). Returns at once: `wait_ready()` waits for the command's own server."""
     global _server, _url, _lease_dir
     if _url or not wanted():
+        return _url
+    shared = shared_url()
+    if shared:
+        _url = os.environ["PREFECT_API_URL"] = shared
         return _url
     pid = os.getpid()
     _lease_dir = lease_root() / f"{pid}-{_start_time(pid)}"
     _lease_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    home = prefect_home()
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(home),
-           "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "flows.lease_storage", "FLYWHEEL_LEASE_DIR": str(_lease_dir),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
-    prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent.parent
-    _server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir), "--factory",
-         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
-         "--lifespan", "on"], env=env, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+    _server = subprocess.Popen(_server_argv(port), env=_server_env(_lease_dir, ephemeral=True),
+                               preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
     # atexit runs last-in first-out: registered before prefect is imported, the server stops after Prefect's own
     # exit hooks have sent the buffered logs and events to it
     atexit.register(stop)
     _url = f"http://127.0.0.1:{port}/api"
     os.environ["PREFECT_API_URL"] = _url
     return _url
+
+
+# --- the shared server of `flywheel server start` --------------------------------------------------------------
+
+def state_file() -> Path:
+    return prefect_home() / "flywheel-server.json"
+
+
+def _health(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def shared_status() -> dict | None:
+    """The state of the shared server (pid, url, log) when its process is alive, else None."""
+    try:
+        st = json.loads(state_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return st if _start_time(int(st.get("pid", 0))) == st.get("start") else None
+
+
+def shared_url() -> str | None:
+    st = shared_status()
+    return st["url"] if st and _health(st["url"]) else None
+
+
+def start_shared(port: int | None = None, timeout_s: float = 120.0) -> dict:
+    """Start the shared local server (UI included) in its own session, so it outlives this command; later
+    commands find it through PREFECT_HOME/flywheel-server.json and start none of their own. Returns its state."""
+    st = shared_status()
+    if st:
+        return st
+    port = port or _free_port()
+    lease_dir = lease_root() / "shared"
+    lease_dir.mkdir(parents=True, exist_ok=True)
+    log = prefect_home() / "flywheel-server.log"
+    env = {**_server_env(lease_dir, ephemeral=False), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(_server_argv(port), env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT)
+    st = {"pid": proc.pid, "start": _start_time(proc.pid), "url": f"http://127.0.0.1:{port}/api", "log": str(log)}
+    deadline = time.monotonic() + timeout_s
+    while not _health(st["url"]):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise LocalServerError(f"the shared Prefect server did not start; see its log {log}")
+        time.sleep(0.1)
+    tmp = state_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(st))
+    tmp.replace(state_file())
+    return st
+
+
+def stop_shared(timeout_s: float = 15.0) -> dict | None:
+    """Stop the shared server (SIGTERM, SIGKILL after timeout_s); returns the state it had, None if none ran."""
+    st = shared_status()
+    if st:
+        os.kill(st["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _start_time(st["pid"]) == st["start"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _start_time(st["pid"]) == st["start"]:
+            os.kill(st["pid"], signal.SIGKILL)
+    state_file().unlink(missing_ok=True)
+    return st
 
 
 def _api(method: str, path: str, body: dict | None = None, timeout: float = 10.0):
@@ -122,18 +205,16 @@ def wait_ready(timeout_s: float = 120.0) -> None:
     if _server is None:
         return
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _api("GET", "/health", timeout=2)
-            break
-        except (OSError, urllib.error.URLError):
-            if _server.poll() is not None:
-                raise LocalServerError(f"the temporary Prefect server exited with code {_server.returncode} before it "
-                                   "answered; run `prefect server start` and export PREFECT_API_URL instead")
-            if time.monotonic() > deadline:
-                raise LocalServerError(f"the temporary Prefect server did not answer in {timeout_s:.0f} s; "
-                                       "run `prefect server start` and export PREFECT_API_URL instead")
-            time.sleep(0.05)
+    while not _health(_url):
+        if _server.poll() is not None:
+            raise LocalServerError(f"the temporary Prefect server exited with code {_server.returncode} before it "
+                                   "answered; start one with `flywheel server start` (or `prefect server start` and "
+                                   "export PREFECT_API_URL)")
+        if time.monotonic() > deadline:
+            raise LocalServerError(f"the temporary Prefect server did not answer in {timeout_s:.0f} s; start one "
+                                   "with `flywheel server start` (or `prefect server start` and export "
+                                   "PREFECT_API_URL)")
+        time.sleep(0.05)
     reap_dead_leases()
 
 

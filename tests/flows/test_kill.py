@@ -46,6 +46,46 @@ def processes_with(marker: str) -> list[str]:
     return out
 
 
+def _start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> kernel start time of every live descendant of pid (children lists of every thread, recursively)."""
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for t in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (t / "children").read_text().split()]
+            except OSError:
+                continue
+            for k in kids:
+                if k not in out and (st := _start(k)):
+                    out[k] = st
+                    todo.append(k)
+    return out
+
+
+def still_alive(procs: dict[int, str]) -> list[str]:
+    """Those of procs that still run (same pid and start time, not a zombie), with their command lines."""
+    alive = []
+    for pid, st in procs.items():
+        if _start(pid) != st:
+            continue
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            alive.append(f"{pid} " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return alive
+
+
 def active_slots(home: Path, name: str = "flywheel-sandbox") -> int:
     """Slots the Prefect database counts as taken (0 before the database or the limit exists)."""
     if not (home / "prefect.db").exists():
@@ -59,37 +99,46 @@ def active_slots(home: Path, name: str = "flywheel-sandbox") -> int:
 
 
 def start_generate(tmp: Path, env: dict, n_tasks: int, out: str) -> subprocess.Popen:
-    return subprocess.Popen([FLYWHEEL, "generate", "--backend", "local", "--n-tasks", str(n_tasks), "--samples",
-                             "1", "--concurrency", "8", "--out", str(tmp / out)], env=env, cwd=tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """`flywheel generate` in the background; its stdout and stderr go to tmp/OUT.out and tmp/OUT.err (files, not
+    pipes: a leftover child would hold a pipe open and no full pipe can block the command)."""
+    with open(tmp / f"{out}.out", "w") as o, open(tmp / f"{out}.err", "w") as e:
+        return subprocess.Popen([FLYWHEEL, "generate", "--backend", "local", "--n-tasks", str(n_tasks),
+                                 "--samples", "1", "--concurrency", "8", "--out", str(tmp / out)], env=env, cwd=tmp,
+                                stdout=o, stderr=e)
 
 
-def kill_mid_rollout(tmp: Path, env: dict, home: Path) -> None:
-    """Start a long generate, wait until it holds its 8 sandbox slots, SIGKILL it."""
+def kill_mid_rollout(tmp: Path, env: dict, home: Path) -> dict[int, str]:
+    """Start a long generate, wait until it holds its 8 sandbox slots, SIGKILL it; returns its descendants (pid ->
+    start time) as they were just before the kill: its server, its sandboxes."""
     p = start_generate(tmp, env, 400, "lake-killed")
     deadline = time.monotonic() + 300
     while active_slots(home) < 8:
-        assert p.poll() is None, p.communicate()
+        assert p.poll() is None, (tmp / "lake-killed.err").read_text()[-3000:]
         assert time.monotonic() < deadline, "generate never took its sandbox slots"
         time.sleep(0.2)
     time.sleep(1.0)  # episodes in flight
+    procs = descendants(p.pid)
     p.send_signal(signal.SIGKILL)
     p.wait()
+    return procs
 
 
 def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path):
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
     env = _env(home, marker)
-    kill_mid_rollout(tmp_path, env, home)
+    procs = kill_mid_rollout(tmp_path, env, home)
     deadline = time.monotonic() + 10  # the kernel delivers the parent-death signals; give them a moment
-    while processes_with(marker) and time.monotonic() < deadline:
+    while (processes_with(marker) or still_alive(procs)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert len(procs) >= 2  # the server and at least one sandbox were running
+    assert still_alive(procs) == []
     assert processes_with(marker) == []
     assert active_slots(home) == 8  # taken in the database by the dead command
 
     t0 = time.monotonic()
     p = start_generate(tmp_path, env, 2, "lake-next")
-    out, err = p.communicate(timeout=300)
+    p.wait(timeout=300)
+    out, err = (tmp_path / "lake-next.out").read_text(), (tmp_path / "lake-next.err").read_text()
     assert p.returncode == 0, err
     assert "rows written 2" in out
     assert "released 8 slot(s) of concurrency limit 'flywheel-sandbox'" in err
@@ -102,7 +151,8 @@ def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path):
 def test_control_prefects_own_server_leaks_the_slots(tmp_path):
     """The fault the fix removes, shown on the same path: Prefect's temporary server keeps leases in memory."""
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
-    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "0"}
+    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "0",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
     kill_mid_rollout(tmp_path, env, home)
     time.sleep(2)
     leftover = processes_with(marker)
@@ -110,10 +160,10 @@ def test_control_prefects_own_server_leaks_the_slots(tmp_path):
         assert any("prefect.server.api.server:create_app" in c for c in leftover), leftover  # orphaned server
         p = start_generate(tmp_path, env, 2, "lake-next")
         with pytest.raises(subprocess.TimeoutExpired):
-            p.communicate(timeout=60)  # waits on 8 of 8 slots nobody will release
-        p.kill()
-        p.communicate()
+            p.wait(timeout=60)  # waits on 8 of 8 slots nobody will release
         assert active_slots(home) == 8
+        p.kill()
+        p.wait()
     finally:
         for line in processes_with(marker):
             os.kill(int(line.split()[0]), signal.SIGKILL)
