@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -86,3 +87,16 @@ def test_success_and_help_exit_0(tmp_path):
 def test_bare_group_prints_help_exit_2():
     p = flywheel("tasks")
     assert p.returncode == 2 and "Usage" in p.stderr + p.stdout and "Traceback" not in p.stderr
+
+
+def test_read_commands_never_import_prefect(tmp_path):
+    """sql, stats, export and tasks need no Prefect server: they do not even import prefect."""
+    (tmp_path / "lake").mkdir()
+    lake = str(tmp_path / "lake")
+    code = ("import sys; from flows.cli import main; sys.argv = ['flywheel'] + sys.argv[1:]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'prefect' in sys.modules)")
+    for argv in (["tasks", "list"], ["tasks", "show", "arithmetic", "--n", "1"], ["stats", "--root", lake],
+                 ["sql", "SELECT 1 AS x", "--root", lake], ["export", str(tmp_path / "o.jsonl"), "--root", lake]):
+        p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"})
+        assert p.stdout.strip().splitlines()[-1].endswith("False"), (argv, p.stdout, p.stderr)
