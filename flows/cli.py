@@ -496,7 +496,8 @@ _register_ops_commands()
 def _usage_exit(e: BaseException) -> int:
     """A click usage error (typer's vendored click or the installed one): the usage line and hint as click shows
     them, then one `error:` line; its exit code (2 for usage errors)."""
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError as TyperUsageError
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer._click.exceptions import UsageError as TyperUsageError
 
     if isinstance(e, NoArgsIsHelpError):  # a bare group: its help, exit 2 as click does
         e.show()

@@ -1,21 +1,24 @@
-"""The temporary Prefect server of one CLI command, started by flywheel instead of by Prefect, so that a killed
-command leaves neither a server nor taken concurrency slots behind.
+"""The Prefect server of CLI commands, started by flywheel instead of by Prefect, so that a killed command leaves
+neither a server nor taken concurrency slots behind, and so that commands can share one server.
 
 With no PREFECT_API_URL, Prefect starts a server subprocess on a command's first API call. Two faults follow from
 that (issue 22): a SIGKILL of the command leaves the server running, re-parented to init; and the server keeps the
 leases of global concurrency slots in its memory while the slot counts live in the user's database, so slots a
 killed command held stay taken for good and every later command waits on them. Here instead:
-  - `start()` launches the same server (uvicorn over `prefect.server.api.server:create_app`, the user's database
-    in PREFECT_HOME, so runs stay visible to a later `prefect server start`) at the very start of the command,
+  - `start()` uses the shared server of `flywheel server start` when one runs (found through
+    PREFECT_HOME/flywheel-server.json; `start_shared`/`stop_shared`/`shared_status`): no server start at all;
+  - otherwise it launches the command's own server (uvicorn over `prefect.server.api.server:create_app`, the user's
+    database in PREFECT_HOME, so runs stay visible to a later `prefect server start`) at the start of the command,
     in parallel with config checks and imports, with PR_SET_PDEATHSIG=SIGKILL: the kernel kills it when the
     command dies, however it dies (SIGKILL and OOM included);
-  - its leases go to a folder of this command, PREFECT_HOME/flywheel-leases/PID-STARTTIME (flows/lease_storage.py),
-    so they survive the command on disk;
+  - that server's leases go to a folder of this command, PREFECT_HOME/flywheel-leases/PID-STARTTIME
+    (flows/lease_storage.py), so they survive the command on disk;
   - `wait_ready()` (before the first flow) waits for the health check, then releases the slots of the lease
     folders whose command is gone (pid dead, or reused by another process) and deletes those folders. A lease on
     disk after a power loss is reaped the same way. Concurrent live commands keep their slots.
-This module does nothing when PREFECT_API_URL is set (a real server: its repossessor expires leases itself) or
-FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server, the old behaviour). Importing it does not import prefect.
+On a shared or configured server, the server's repossessor frees the slots of leases that stopped being renewed.
+This module does nothing when PREFECT_API_URL is set or FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server,
+the old behaviour, kept for comparison in benchmarks/startup.py). Importing it does not import prefect.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ _PR_SET_PDEATHSIG = 1
 
 class LocalServerError(RuntimeError):
     """This command's temporary Prefect server did not come up; the message names the fix."""
+
 
 _server: subprocess.Popen | None = None
 _url: str | None = None
@@ -115,7 +119,8 @@ def start() -> str | None:
     _lease_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     _server = subprocess.Popen(_server_argv(port), env=_server_env(_lease_dir, ephemeral=True),
-                               preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+                               preexec_fn=_die_with_parent,  # noqa: PLW1509 - before any thread
+                               stdin=subprocess.DEVNULL)
     # atexit runs last-in first-out: registered before prefect is imported, the server stops after Prefect's own
     # exit hooks have sent the buffered logs and events to it
     atexit.register(stop)

@@ -1,6 +1,7 @@
 """SIGKILL of a `flywheel generate` in the middle of its rollouts, through the console script, with no Prefect
 server configured (the command's own temporary server, flows/localserver.py):
-  - no process of the killed command remains (its temporary Prefect server, its sandboxes), checked in /proc;
+  - no process of the killed command remains (its temporary Prefect server, its sandboxes), checked in /proc,
+    and on Docker no running container of it;
   - the slots it held in the `flywheel-sandbox` global concurrency limit are released by the next command, which
     completes at once instead of waiting forever for 8 of 8 slots;
 and a control: with FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server) the same kill leaves the slots taken.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import time
@@ -98,19 +100,20 @@ def active_slots(home: Path, name: str = "flywheel-sandbox") -> int:
     return row[0] if row else 0
 
 
-def start_generate(tmp: Path, env: dict, n_tasks: int, out: str) -> subprocess.Popen:
+def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = "local") -> subprocess.Popen:
     """`flywheel generate` in the background; its stdout and stderr go to tmp/OUT.out and tmp/OUT.err (files, not
     pipes: a leftover child would hold a pipe open and no full pipe can block the command)."""
     with open(tmp / f"{out}.out", "w") as o, open(tmp / f"{out}.err", "w") as e:
-        return subprocess.Popen([FLYWHEEL, "generate", "--backend", "local", "--n-tasks", str(n_tasks),
+        return subprocess.Popen([FLYWHEEL, "generate", "--backend", backend, "--n-tasks", str(n_tasks),
                                  "--samples", "1", "--concurrency", "8", "--out", str(tmp / out)], env=env, cwd=tmp,
                                 stdout=o, stderr=e)
 
 
-def kill_mid_rollout(tmp: Path, env: dict, home: Path) -> dict[int, str]:
+def kill_mid_rollout(tmp: Path, env: dict, home: Path, backend: str = "local") -> tuple[dict[int, str], str]:
     """Start a long generate, wait until it holds its 8 sandbox slots, SIGKILL it; returns its descendants (pid ->
-    start time) as they were just before the kill: its server, its sandboxes."""
-    p = start_generate(tmp, env, 400, "lake-killed")
+    start time) as they were just before the kill (its server, its sandboxes), and the Docker owner label value
+    of its sandbox containers."""
+    p = start_generate(tmp, env, 400, "lake-killed", backend)
     deadline = time.monotonic() + 300
     while active_slots(home) < 8:
         assert p.poll() is None, (tmp / "lake-killed.err").read_text()[-3000:]
@@ -118,25 +121,37 @@ def kill_mid_rollout(tmp: Path, env: dict, home: Path) -> dict[int, str]:
         time.sleep(0.2)
     time.sleep(1.0)  # episodes in flight
     procs = descendants(p.pid)
+    owner = f"{socket.gethostname()}:{p.pid}:{_start(p.pid)}"
     p.send_signal(signal.SIGKILL)
     p.wait()
-    return procs
+    return procs, owner
 
 
-def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path):
+def running_containers(owner: str) -> list[str]:
+    """Running sandbox containers whose owner label is the killed command (sandbox/reaper.py's label)."""
+    out = subprocess.run(["docker", "ps", "-q", "--filter", f"label=flywheel.owner={owner}"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return out.split()
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, backend):
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
     env = _env(home, marker)
-    procs = kill_mid_rollout(tmp_path, env, home)
-    deadline = time.monotonic() + 10  # the kernel delivers the parent-death signals; give them a moment
-    while (processes_with(marker) or still_alive(procs)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    procs, owner = kill_mid_rollout(tmp_path, env, home, backend)
+    deadline = time.monotonic() + 30  # parent-death signals, containers whose attach socket closed: a moment
+    while (processes_with(marker) or still_alive(procs) or (backend == "docker" and running_containers(owner))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert len(procs) >= 2  # the server and at least one sandbox were running
     assert still_alive(procs) == []
     assert processes_with(marker) == []
+    if backend == "docker":
+        assert running_containers(owner) == []
     assert active_slots(home) == 8  # taken in the database by the dead command
 
     t0 = time.monotonic()
-    p = start_generate(tmp_path, env, 2, "lake-next")
+    p = start_generate(tmp_path, env, 2, "lake-next", backend)
     p.wait(timeout=300)
     out, err = (tmp_path / "lake-next.out").read_text(), (tmp_path / "lake-next.err").read_text()
     assert p.returncode == 0, err
