@@ -54,6 +54,8 @@ CASES = [
     (["sandbox", "build-image", "--bogus"], "No such option: --bogus"),
     (["serve", "--set", "x.y=1"], "unknown config section [x]"),
     (["deploy"], "Missing option '--work-pool'"),
+    (["server", "start", "--port", "abc"], "Invalid value for '--port'"),
+    (["server", "nope"], "No such command 'nope'"),
     (["nope"], "No such command 'nope'"),
 ]
 
