@@ -25,6 +25,8 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(demos_app, name="demos")
 train_app = typer.Typer(no_args_is_help=True, help="Train a student: SFT on a snapshot, GRPO in sandboxes.")
 app.add_typer(train_app, name="train")
+server_app = typer.Typer(no_args_is_help=True, help="A local Prefect server (with UI) that every command reuses.")
+app.add_typer(server_app, name="server")
 
 
 class UsageError(Exception):
@@ -39,6 +41,7 @@ KNOWN_ERRORS = (
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
+    ("flows.localserver", "LocalServerError"),
     ("training.registry", "RegistryError"), ("training.sft", "TrainingError"), ("training.tiny", "TinyModelError"),
 )
 
@@ -82,9 +85,11 @@ def generate(
         if val is not None:
             overrides.append(f"{key}={json.dumps(val)}")
     cfg = load_config(config, overrides)
+    _start_server()
     from flows.generate import generate_flow, preflight, print_summary
 
-    preflight(cfg)  # bad suite, endpoint or engine: one line before any server starts or file is written
+    preflight(cfg)  # bad suite, endpoint or engine: one line before any file is written
+    _server_ready()
     summary = generate_flow(cfg)
     print_summary(summary)
 
@@ -114,10 +119,12 @@ def run(
             if val is not None:
                 overrides.append(f"{key}={json.dumps(val)}")
         cfg = load_config(config, overrides)
+    _start_server()
     from flows.flywheel import flywheel_flow, preflight, print_summary
 
     if not resume:
         preflight(cfg)
+    _server_ready()
     print_summary(flywheel_flow(cfg, resume=bool(resume)))
 
 
@@ -142,6 +149,21 @@ def _cfg(config: Optional[Path], out: Optional[str], set_: Optional[list[str]], 
     return load_config(config, overrides)
 
 
+def _start_server() -> None:
+    """Start this command's temporary Prefect server now, in parallel with the checks and imports that follow,
+    when no PREFECT_API_URL is set (flows/localserver.py: it dies with the command, killed or not)."""
+    from flows import localserver
+
+    localserver.start()
+
+
+def _server_ready() -> None:
+    """Wait for the server of `_start_server` (and release slots that dead commands held) before the flow."""
+    from flows import localserver
+
+    localserver.wait_ready()
+
+
 def _print_dict(d: dict) -> None:
     print(json.dumps(d, indent=1, default=str))
 
@@ -161,8 +183,10 @@ def curate(
         sets.append(f"curate.demo_paths={json.dumps(demos)}")
     cfg = _cfg(config, out, sets)
     _lake_root(cfg.run.out)
+    _start_server()
     from flows.curate import curate_flow
 
+    _server_ready()
     res = curate_flow(cfg, run_id, round)
     _print_dict(res)
     _print_curation(cfg.run.out, res["snapshot_id"])
@@ -202,8 +226,10 @@ def train_sft(
     """SFT (TRL SFTTrainer, assistant-only loss, multi-turn with tools) of a model on a training snapshot."""
     cfg = _cfg(config, out, set_)
     _lake_root(cfg.run.out)
+    _start_server()
     from flows.train import train_sft_flow
 
+    _server_ready()
     _print_dict(train_sft_flow(cfg, model, snapshot, run_id, round))
 
 
@@ -219,8 +245,10 @@ def train_grpo(
 ) -> None:
     """GRPO (TRL GRPOTrainer) with our sandboxes as the environment and our verifiers as the reward."""
     cfg = _cfg(config, out, set_, backend)
+    _start_server()
     from flows.train import train_grpo_flow
 
+    _server_ready()
     _print_dict(train_grpo_flow(cfg, model, run_id, round))
 
 
@@ -236,8 +264,10 @@ def evaluate(
 ) -> None:
     """Held-out pass@1 of a model on the schedule's suites (config [flywheel] suites), rows into the lake."""
     cfg = _cfg(config, out, set_, backend)
+    _start_server()
     from flows.evaluate import evaluate_flow
 
+    _server_ready()
     for m in evaluate_flow(cfg, model, run_id=run_id, name=name):
         print(f"{m['suite']:>20}  pass@1 {m['value']:.1%}")
 
@@ -409,7 +439,9 @@ def tasks_validate(path: Annotated[str, typer.Argument(help="Task file: JSONL, P
     if not report.ok:
         for p in report.problems:
             print(p, file=sys.stderr)
-        raise UsageError(f"{len(report.problems)} problem(s) in {path}; no task was loaded")
+        print(f"error: {len(report.problems)} problem(s) in {path}; fix the lines above (or pass --format)",
+              file=sys.stderr)
+        raise typer.Exit(2)
     print(f"ok: {path}")
 
 
@@ -486,6 +518,41 @@ def sandbox_build_image(
     print(image_id)
 
 
+@server_app.command("start")
+def server_start(port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None
+                 ) -> None:
+    """Start a local Prefect server (UI included) that outlives this command; later commands without
+    PREFECT_API_URL use it instead of starting a temporary server each (found through PREFECT_HOME)."""
+    from flows import localserver
+
+    if os.environ.get("PREFECT_API_URL"):
+        raise UsageError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): commands use that server; "
+                         "unset it to use a local one")
+    st = localserver.start_shared(port)
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}); UI: {st['url'].removesuffix('/api')}")
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the local server of `flywheel server start`."""
+    from flows import localserver
+
+    st = localserver.stop_shared()
+    print(f"stopped: {st['url']} (pid {st['pid']})" if st else "not running")
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Whether the local server runs (exit 0, its URL) or not (exit 1)."""
+    from flows import localserver
+
+    st = localserver.shared_status()
+    if not st:
+        print("not running")
+        raise typer.Exit(1)
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']})")
+
+
 def _register_ops_commands() -> None:
     from flows.serve import deploy_command, serve_command
 
@@ -496,26 +563,49 @@ def _register_ops_commands() -> None:
 _register_ops_commands()
 
 
+def _usage_exit(e: BaseException) -> int:
+    """A click usage error (typer's vendored click or the installed one): the usage line and hint as click shows
+    them, then one `error:` line; its exit code (2 for usage errors)."""
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer._click.exceptions import UsageError as TyperUsageError
+
+    if isinstance(e, NoArgsIsHelpError):  # a bare group: its help, exit 2 as click does
+        e.show()
+        return e.exit_code
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, TyperUsageError) and ctx is not None:
+        hint = f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help." if ctx.help_option_names else ""
+        print(ctx.get_usage(), file=sys.stderr)
+        if hint:
+            print(hint, file=sys.stderr)
+    print(f"error: {e.format_message()}", file=sys.stderr)
+    return e.exit_code
+
+
 def main() -> None:
+    """The console script: exit code 0 on success, 2 and one `error:` line on bad input or a usage error,
+    130 when aborted; a traceback only for bugs."""
     # This machine (and many clusters) has no route to Prefect's telemetry endpoint: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    import click
+    from typer._click import exceptions as tclick
+
     try:
-        app(standalone_mode=False)
-    except typer.Abort:
+        # standalone_mode=False: typer.Exit(n) comes back as the return value, errors are raised to us
+        rv = app(standalone_mode=False)
+    except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
+    except (tclick.ClickException, click.exceptions.ClickException) as e:
+        sys.exit(_usage_exit(e))
+    except (typer.Exit, click.exceptions.Exit) as e:
+        sys.exit(e.exit_code)
+    except Exception as e:
         if _is_known(e):
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

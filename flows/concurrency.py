@@ -8,7 +8,9 @@ processes, work-pool workers or Ray workers there are):
 Limits are created when missing with the configured size (`ensure_limits`); `flywheel serve` also resets them
 to the config at start (`update=True`); after that the UI (Concurrency page) is where an operator changes them.
 A holder asking for more slots than a limit has fails at once with an error naming both numbers, instead of
-waiting forever. Slots are taken per Prefect task (a rollout chunk), not per request: one API call per chunk.
+waiting forever; one that has to wait logs the limit, its use and how to inspect or reset it. Slots are taken per
+Prefect task (a rollout chunk), not per request: one API call per chunk, under a 60 s lease the holder renews, so
+a holder that dies cannot keep them (flows/localserver.py releases them at once for the CLI's own servers).
 
 Retry options (`ENDPOINT_RETRIES`, `SANDBOX_RETRIES`) are keyword dicts for `@task(...)`: exponential backoff with
 jitter, and retry only on transient infrastructure errors (an endpoint that did not answer, a sandbox engine
@@ -30,6 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field
 GPU = "flywheel-gpu"
 SANDBOX = "flywheel-sandbox"
 ENDPOINT_PREFIX = "flywheel-endpoint-"
+
+LEASE_S = 60.0
+"""Lease of held slots in seconds (Prefect's minimum; the holder renews it every 45 s): slots of a holder that
+died come back this long after its last renewal, through the server's repossessor (within its 15 s loop)."""
 
 
 class ConcurrencyError(RuntimeError):
@@ -110,8 +116,33 @@ def hold(name: str, occupy: int, *, default_limit: int, timeout_s: float | None 
         raise ConcurrencyError(
             f"this task needs {occupy} slots of the concurrency limit {name!r}, which has {size}; raise the limit "
             f"(config [limits], or the Prefect UI's Concurrency page) or lower what the task holds")
-    with concurrency(name, occupy=occupy, timeout_seconds=timeout_s, strict=True):
+    _say_if_waiting(name, occupy)
+    with concurrency(name, occupy=occupy, timeout_seconds=timeout_s, strict=True, lease_duration=LEASE_S):
         yield
+
+
+def _say_if_waiting(name: str, occupy: int) -> None:
+    """Log, before blocking, which limit the task waits on and how to inspect or reset it."""
+    import logging
+
+    from prefect import get_run_logger
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import MissingContextError
+
+    with get_client(sync_client=True) as client:
+        cur = client.read_global_concurrency_limit_by_name(name)
+    if cur.active_slots + occupy <= cur.limit:
+        return
+    try:  # in a run: into its log, shown in the UI
+        log = get_run_logger()
+    except MissingContextError:
+        log = logging.getLogger("flywheel.concurrency")
+    log.warning(
+        "waiting for %d slot(s) of concurrency limit %r: %d of %d are taken. Inspect: `prefect gcl inspect %s` "
+        "(or the UI's Concurrency page). Slots of a holder that died come back within %.0f s of its last lease "
+        "renewal; `flywheel` commands with their own temporary server release a dead command's slots at start. "
+        "Reset by hand only when no run holds any: `prefect gcl update %s --active-slots 0`.",
+        occupy, name, cur.active_slots, cur.limit, name, LEASE_S + 15, name)
 
 
 def gpu_slot(limits: LimitsConfig, n: int = 1, timeout_s: float | None = None):

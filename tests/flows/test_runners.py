@@ -302,6 +302,17 @@ def test_limits_are_created_held_and_refused_when_too_small(prefect_api):
         pass  # disabled: holds nothing, asks the server nothing
 
 
+def test_a_task_that_waits_for_slots_says_which_and_how_to_reset(prefect_api, capfd):
+    from flows.concurrency import hold
+
+    name = f"flywheel-test-{time.monotonic_ns()}"
+    with hold(name, 2, default_limit=2), pytest.raises(TimeoutError), hold(name, 1, default_limit=2, timeout_s=1):
+        pass
+    said = capfd.readouterr().err  # Prefect's logging setup prints the warning on stderr
+    assert f"waiting for 1 slot(s) of concurrency limit '{name}': 2 of 2 are taken" in said
+    assert f"prefect gcl inspect {name}" in said and f"prefect gcl update {name} --active-slots 0" in said
+
+
 @pytest.mark.slow
 def test_artifacts_land_on_the_flow_run(prefect_api):
     from prefect import flow

@@ -1,0 +1,124 @@
+"""Benchmark: start-up cost of CLI commands, per Prefect server arrangement, side by side in one process.
+
+Each command runs through the installed `flywheel` console script with no PREFECT_API_URL, under three
+arrangements, alternating in rounds so all see the same machine load:
+- `prefect`: Prefect's own temporary server per command (FLYWHEEL_LOCAL_SERVER=0: the behaviour before issue 22);
+- `own`: flywheel's temporary server per command (flows/localserver.py: started in parallel with the command's
+  checks and imports, dies with the command, leases on disk);
+- `shared`: a server started once by `flywheel server start`, found and reused by every command.
+All use one PREFECT_HOME whose database is migrated by a warm-up run first. Reported per command: wall seconds,
+CPU seconds of the command and its children (the server included when it is the command's), and for `generate`
+the seconds from launch to its first episode on disk (first Parquet file in the lake). Writes JSON (--out).
+
+    .venv/bin/python benchmarks/startup.py [--rounds 2] [--out /tmp/flywheel-bench-startup.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
+MODES = ("prefect", "own", "shared")
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_once(argv: list[str], env: dict, lake: Path | None) -> dict:
+    """Run one command; wall, CPU and (with a lake) seconds to the first Parquet file under it."""
+    first: list[float] = []
+    cpu0, t0 = _children_cpu(), time.monotonic()
+    p = subprocess.Popen([FLYWHEEL, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def watch() -> None:
+        while p.poll() is None and not first:
+            if lake is not None and lake.is_dir() and next(lake.rglob("*.parquet"), None):
+                first.append(time.monotonic() - t0)
+            time.sleep(0.02)
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    _, err = p.communicate(timeout=900)
+    wall = time.monotonic() - t0
+    w.join()
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}): {err[-2000:]}")
+    return {"wall_s": wall, "cpu_s": _children_cpu() - cpu0, "first_episode_s": first[0] if first else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=2, help="measurements per arrangement and command, alternating")
+    ap.add_argument("--out", default="/tmp/flywheel-bench-startup.json")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="fw-startup-"))
+    base = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    base.update(PREFECT_HOME=str(work / "prefect-home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
+                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    envs = {"prefect": {**base, "FLYWHEEL_LOCAL_SERVER": "0"}, "own": base, "shared": base}
+    lake0 = work / "lake0"
+    gen = ["generate", "--n-tasks", "1", "--samples", "1", "--backend", "local"]
+    run_once([*gen, "--out", str(lake0)], base, None)  # warm-up: migrates the database, fills caches
+    commands = {"generate --n-tasks 1": gen, "stats": ["stats", "--root", str(lake0)],
+                "sql": ["sql", "SELECT count(*) FROM trajectories", "--root", str(lake0)],
+                "tasks list": ["tasks", "list"]}
+    res: dict[str, dict[str, list[dict]]] = {c: {m: [] for m in MODES} for c in commands}
+    n = 0
+    try:
+        for r in range(args.rounds):
+            for mode in MODES:
+                if mode == "shared":
+                    subprocess.run([FLYWHEEL, "server", "start"], env=base, check=True, capture_output=True)
+                for name, argv in commands.items():
+                    lake = None
+                    if argv is gen:
+                        n += 1
+                        lake = work / f"lake-{n}"
+                        argv = [*gen, "--out", str(lake)]
+                    res[name][mode].append(run_once(argv, envs[mode], lake))
+                    print(f"round {r + 1} {mode:>7} {name:<20} {res[name][mode][-1]}", file=sys.stderr)
+                if mode == "shared":
+                    subprocess.run([FLYWHEEL, "server", "stop"], env=base, check=True, capture_output=True)
+    finally:
+        subprocess.run([FLYWHEEL, "server", "stop"], env=base, capture_output=True)
+
+    def med(rows: list[dict], key: str) -> float | None:
+        vals = [x[key] for x in rows if x[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:6.1f}"
+
+    print(f"\nmedian of {args.rounds} rounds; seconds. load average at end: {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores")
+    print(f"{'command':<22}{'metric':<16}" + "".join(f"{m:>10}" for m in MODES) + f"{'prefect/shared':>16}")
+    summary: dict = {}
+    for name in commands:
+        for key in ("wall_s", "cpu_s", "first_episode_s"):
+            vals = {m: med(res[name][m], key) for m in MODES}
+            if all(v is None for v in vals.values()):
+                continue
+            ratio = (vals["prefect"] / vals["shared"]) if vals["prefect"] and vals["shared"] else None
+            summary.setdefault(name, {})[key] = {**vals, "ratio_prefect_over_shared": ratio}
+            print(f"{name:<22}{key:<16}" + "".join(f"{f(vals[m]):>10}" for m in MODES)
+                  + f"{'-' if ratio is None else f'{ratio:.1f}x':>16}")
+    Path(args.out).write_text(json.dumps({"rounds": args.rounds, "summary": summary, "runs": res}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""SIGKILL of a `flywheel generate` in the middle of its rollouts, through the console script, with no Prefect
+server configured (the command's own temporary server, flows/localserver.py):
+  - no process of the killed command remains (its temporary Prefect server, its sandboxes), checked in /proc,
+    and on Docker no running container of it;
+  - the slots it held in the `flywheel-sandbox` global concurrency limit are released by the next command, which
+    completes at once instead of waiting forever for 8 of 8 slots;
+and a control: with FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server) the same kill leaves the slots taken.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FLYWHEEL
+
+pytestmark = pytest.mark.slow
+
+
+def _env(home: Path, marker: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return {**env, "PREFECT_HOME": str(home), "FW_KILL_TEST": marker}
+
+
+def processes_with(marker: str) -> list[str]:
+    """pid and command line of every live process whose environment holds FW_KILL_TEST=marker."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if f"FW_KILL_TEST={marker}".encode() not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(f"{d.name} {cmd}")
+    return out
+
+
+def _start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> kernel start time of every live descendant of pid (children lists of every thread, recursively)."""
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for t in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (t / "children").read_text().split()]
+            except OSError:
+                continue
+            for k in kids:
+                if k not in out and (st := _start(k)):
+                    out[k] = st
+                    todo.append(k)
+    return out
+
+
+def still_alive(procs: dict[int, str]) -> list[str]:
+    """Those of procs that still run (same pid and start time, not a zombie), with their command lines."""
+    alive = []
+    for pid, st in procs.items():
+        if _start(pid) != st:
+            continue
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            alive.append(f"{pid} " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return alive
+
+
+def active_slots(home: Path, name: str = "flywheel-sandbox") -> int:
+    """Slots the Prefect database counts as taken in limit `name`, or in all flywheel limits with name="*" (0
+    before the database or the limit exists)."""
+    if not (home / "prefect.db").exists():
+        return 0
+    try:
+        with sqlite3.connect(home / "prefect.db") as db:
+            row = db.execute("SELECT sum(active_slots) FROM concurrency_limit_v2 WHERE name GLOB ?",
+                             (name if name != "*" else "flywheel-*",)).fetchone()
+    except sqlite3.OperationalError:  # not migrated yet
+        return 0
+    return row[0] or 0
+
+
+def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = "local",
+                   command: str = "generate") -> subprocess.Popen:
+    """`flywheel generate` (or `flywheel run`, whose first stage is a generate of n_tasks) in the background; its
+    stdout and stderr go to tmp/OUT.out and tmp/OUT.err (files, not pipes: a leftover child would hold a pipe open,
+    and no full pipe can block the command)."""
+    args = ["generate", "--n-tasks", str(n_tasks), "--samples", "1", "--concurrency", "8"] if command == "generate" \
+        else ["run", "--set", f"generate.n_tasks={n_tasks}", "--set", "generate.concurrency=8",
+              "--set", "student.tiny.copy_warmup_steps=0"]  # straight to the rollouts
+    with open(tmp / f"{out}.out", "w") as o, open(tmp / f"{out}.err", "w") as e:
+        return subprocess.Popen([FLYWHEEL, *args, "--backend", backend, "--out", str(tmp / out)], env=env, cwd=tmp,
+                                stdout=o, stderr=e)
+
+
+def kill_mid_rollout(tmp: Path, env: dict, home: Path, backend: str = "local",
+                     command: str = "generate") -> tuple[dict[int, str], str]:
+    """Start a long generate, wait until it holds its 8 sandbox slots (`run`, with no student warm-up: until its
+    round-1 teacher rollouts start; the flywheel's stages take no global slots today), SIGKILL it; returns its
+    descendants (pid ->
+    start time) as they were just before the kill (its server, its sandboxes), and the Docker owner label value
+    of its sandbox containers."""
+    p = start_generate(tmp, env, 400, "lake-killed", backend, command)
+    deadline = time.monotonic() + 300
+    err = tmp / "lake-killed.err"
+    while active_slots(home) < 8 if command == "generate" else "round 1 teacher: starting" not in err.read_text():
+        assert p.poll() is None, (tmp / "lake-killed.err").read_text()[-3000:]
+        assert time.monotonic() < deadline, "generate never took its sandbox slots"
+        time.sleep(0.2)
+    time.sleep(1.0)  # episodes in flight
+    procs = descendants(p.pid)
+    owner = f"{socket.gethostname()}:{p.pid}:{_start(p.pid)}"
+    while backend == "docker" and not running_containers(owner):  # containers come up after the slots
+        assert p.poll() is None and time.monotonic() < deadline, "no sandbox container of the command ran"
+        time.sleep(0.5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    return procs, owner
+
+
+def running_containers(owner: str) -> list[str]:
+    """Running sandbox containers whose owner label is the killed command (sandbox/reaper.py's label)."""
+    out = subprocess.run(["docker", "ps", "-q", "--filter", f"label=flywheel.owner={owner}"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return out.split()
+
+
+@pytest.mark.parametrize("command,backend", [("generate", "local"), ("run", "local"),
+                                             pytest.param("generate", "docker", marks=pytest.mark.docker)])
+def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend):
+    home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
+    env = _env(home, marker)
+    procs, owner = kill_mid_rollout(tmp_path, env, home, backend, command)
+    deadline = time.monotonic() + 30  # parent-death signals, containers whose attach socket closed: a moment
+    while (processes_with(marker) or still_alive(procs) or (backend == "docker" and running_containers(owner))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(procs) >= (2 if (backend, command) == ("local", "generate") else 1)  # its server (and sandboxes)
+    assert still_alive(procs) == []
+    assert processes_with(marker) == []
+    if backend == "docker":
+        assert running_containers(owner) == []
+    if command == "generate":
+        assert active_slots(home) == 8  # taken in the database by the dead command
+
+    t0 = time.monotonic()
+    p = start_generate(tmp_path, env, 2, "lake-next", backend)
+    p.wait(timeout=300)
+    out, err = (tmp_path / "lake-next.out").read_text(), (tmp_path / "lake-next.err").read_text()
+    assert p.returncode == 0, err
+    assert "rows written 2" in out
+    if command == "generate":
+        assert "released 8 slot(s) of concurrency limit 'flywheel-sandbox'" in err
+        assert f"held by a command that died (pid {owner.split(':')[1]})" in err
+    assert active_slots(home, "*") == 0
+    assert not [d for d in (home / "flywheel-leases").iterdir()]  # every lease folder reaped or removed
+    assert processes_with(marker) == []
+    print(f"next generate after the kill: {time.monotonic() - t0:.1f} s")
+
+
+def test_control_prefects_own_server_leaks_the_slots(tmp_path):
+    """The fault the fix removes, shown on the same path: Prefect's temporary server keeps leases in memory."""
+    home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
+    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "0",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+    kill_mid_rollout(tmp_path, env, home)
+    time.sleep(2)
+    leftover = processes_with(marker)
+    try:
+        assert any("prefect.server.api.server:create_app" in c for c in leftover), leftover  # orphaned server
+        p = start_generate(tmp_path, env, 2, "lake-next")
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=60)  # waits on 8 of 8 slots nobody will release
+        assert active_slots(home) == 8
+        p.kill()
+        p.wait()
+    finally:
+        for line in processes_with(marker):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
