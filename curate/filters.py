@@ -59,15 +59,16 @@ def conversation_problems(messages: list[dict[str, Any]], tools: dict[str, dict[
     seen_user = False
     if not messages:
         return [("messages", "is empty")]
+    unknown = [(f"messages[{i}].role", f"{m.get('role')!r} is not one of {list(ROLES)}") for i, m in enumerate(messages)
+               if isinstance(m, dict) and m.get("role") not in ROLES]
+    if unknown:  # the order rules would only repeat it ("an assistant message comes before any user message")
+        return unknown
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
         if not isinstance(m, dict):
             problems.append((at, f"is not an object: {m!r:.80}"))
             continue
         role = m.get("role")
-        if role not in ROLES:
-            problems.append((f"{at}.role", f"{role!r} is not one of {list(ROLES)}"))
-            continue
         content = m.get("content")
         if content is not None and not isinstance(content, str):
             problems.append((f"{at}.content", f"must be a string or null, got {type(content).__name__}"))

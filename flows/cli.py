@@ -464,18 +464,42 @@ def tasks_export(
 def demos_import(
     paths: Annotated[list[str], typer.Argument(help="JSONL, Parquet or datasets folders of chat demos.")],
     root: Root = "runs/default",
-    run_id: Annotated[str, typer.Option("--run-id", help="Run the demos belong to.")] = "demos",
+    run_id: Annotated[str, typer.Option("--run-id", help="Run the demos belong to (curation of a run reads its own "
+                                                         "rows).")] = "demos",
     suite: Annotated[str, typer.Option(help="Suite recorded on the rows.")] = "human",
     tools: Annotated[Optional[list[str]], typer.Option(help="Tools declared when a record has none.")] = None,
-    strict: Annotated[bool, typer.Option(help="Refuse the whole import if any record is malformed.")] = False,
+    strict: Annotated[bool, typer.Option(help="On an invalid record print only the first problem and the count.")]
+    = False,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Import the valid records and skip the "
+                                                                        "invalid ones (listed).")] = False,
 ) -> None:
-    """Validate and import human demonstrations as rows with source human (idempotent)."""
-    from curate.demos import import_demos
+    """Validate and import human demonstrations as rows with source human (idempotent).
 
-    res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=strict)
+    A file with an invalid record imports nothing: every problem is listed (only the first with --strict) and the
+    command exits 2; --allow-partial imports the valid records instead."""
+    if strict and allow_partial:
+        raise UsageError("--strict and --allow-partial contradict each other; pass one of them")
+    from curate.demos import DemoImportError, import_demos
+
+    try:
+        res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=not allow_partial)
+    except DemoImportError as e:
+        if not e.errors:  # an unreadable file: main() prints its one error line
+            raise
+        if not strict:
+            for x in e.errors:
+                print(f"invalid: {x}", file=sys.stderr)
+        n = len({(x.file, x.where) for x in e.errors})
+        print(f"error: {n} invalid record(s), nothing imported; first: {e.errors[0]}; fix them, or pass "
+              "--allow-partial to import the valid ones", file=sys.stderr)
+        raise typer.Exit(2) from None
     for e in res.errors:
         print(f"skipped: {e}", file=sys.stderr)
-    print(f"imported {res.written}, already present {res.skipped}, malformed {len(res.errors)}")
+    print(f"imported {res.written}, already present {res.skipped}, skipped {res.rejected_records} invalid "
+          f"record(s); run {run_id!r} of {root}")
+    if run_id == "demos":
+        print("note: curation of a run reads that run's rows; to train on these demos import them with --run-id RUN, "
+              "or give the file to `flywheel curate --demos FILE` (config curate.demo_paths)")
 
 
 @sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

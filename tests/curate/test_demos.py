@@ -128,3 +128,53 @@ def test_import_is_idempotent_and_strict_mode_writes_nothing(tmp_path):
         import_demos(root, [str(bad)], run_id="run2", strict=True)
     assert len(e.value.errors) == 1
     assert existing_ids(root, "run2") == set()
+
+
+
+def test_a_bad_role_is_one_problem():
+    rec = good(1)
+    rec["messages"][0]["role"] = "human"
+    _, errors = load_demos_from(rec)
+    assert [(e.field, e.problem.split(" is ")[0]) for e in errors] == [("messages[0].role", "'human'")]
+
+
+def load_demos_from(*records):
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return load_demos([str(path)], run_id="r")
+
+
+def test_demos_import_through_the_console_script(tmp_path):
+    """Exit codes, one error line, records counted (not problems), nothing half-written, and where demos went."""
+    import subprocess
+
+    from tests.conftest import FLYWHEEL
+
+    bad = good(2)
+    bad["messages"][0]["role"] = "human"
+    bad["messages"][2]["tool_call_id"] = "zzz"  # a second problem of the same record
+    path = tmp_path / "demos.jsonl"
+    path.write_text(json.dumps(good(1)) + "\n" + json.dumps(bad) + "\n" + "[]\n")
+    root = str(tmp_path / "lake")
+
+    def run(*extra):
+        return subprocess.run([FLYWHEEL, "demos", "import", str(path), "--root", root, *extra], capture_output=True,
+                              text=True, timeout=120)
+
+    r = run()
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "2 invalid record(s), nothing imported" in errors[0] and "line 2" in errors[0]
+    assert sum(ln.startswith("invalid:") for ln in r.stderr.splitlines()) == 2  # every problem listed
+    assert not (tmp_path / "lake" / "trajectories").exists()  # nothing half-written
+    r = run("--strict")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error:"), r.stderr
+    r = run("--strict", "--allow-partial")
+    assert r.returncode == 2 and "contradict" in r.stderr
+    r = run("--allow-partial")
+    assert r.returncode == 0, r.stderr
+    assert "imported 1, already present 0, skipped 2 invalid record(s); run 'demos'" in r.stdout
+    assert "--run-id RUN" in r.stdout and "flywheel curate --demos FILE" in r.stdout
+    assert existing_ids(root, "demos")
