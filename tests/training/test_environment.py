@@ -79,3 +79,19 @@ def test_completion_messages_keep_call_ids_paired():
     assert msgs[0].tool_calls[0].id == msgs[1].tool_call_id
     assert json.loads(msgs[0].tool_calls[0].function.arguments) == {"code": "print(1)"}
     assert msgs[2].content == "Answer: 1" and msgs[0].content is None
+
+
+def test_rewards_only_from_trusted_verdict_strengths(backend):
+    """GRPOConfig.reward_strengths: a verdict reached on a path the config does not trust scores None (left out by
+    TRL) and is counted; numeric answers are compared on the host, so they are 'data'."""
+    task = arithmetic.generate(1, split="train", seed=5)[0]
+    cls = environment_class(task.tools, backend)
+    prompt = [{"role": "user", "content": task.prompt}]
+    code = task.reference.steps[0].arguments["code"]
+    env, good = _episode(cls, task, code, task.reference.final)
+    assert EpisodeReward(backend=backend, strengths=("data",))([prompt], [good], environments=[env]) == [1.0]
+    env, good = _episode(cls, task, code, task.reference.final)
+    reward = EpisodeReward(backend=backend, strengths=("isolated",))
+    assert reward([prompt], [good], environments=[env]) == [None]
+    assert reward.last_verdicts == ["weak_verdict"] and reward.stats["weak_verdict"] == 1
+    assert env.sandbox is None  # closed all the same
