@@ -229,8 +229,7 @@ def publish_round_report(root: str, run_id: str, round: int, sections: dict[str,
     """Query the lake's `rounds` table and publish the round report as a markdown artifact."""
     from warehouse.query import query
 
-    rid = run_id.replace("'", "''")
-    metrics = query(root, f"SELECT * FROM rounds WHERE run_id = '{rid}' AND round = {int(round)}").to_pylist()
+    metrics = query(root, "SELECT * FROM rounds WHERE run_id = ? AND round = ?", [run_id, int(round)]).to_pylist()
     md = round_report_markdown(run_id, round, metrics, sections)
     return publish_markdown(key, md, description=f"round {round} of {run_id}")
 

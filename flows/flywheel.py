@@ -124,9 +124,9 @@ def rollout_rows(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, round
                         batch_size=cfg.generate.batch_size, infra_retries=cfg.generate.infra_retries,
                         max_turns=cfg.generate.max_turns, progress=progress))
     ids = {r.trajectory_id for r in fresh}
-    task_ids = ",".join(f"'{t.id}'" for t in tasks) or "''"
-    old = [r for r in read_trajectories(cfg.run.out, f"run_id = '{run_id}' AND round = {round} "
-                                                     f"AND policy = '{policy.name}' AND task_id IN ({task_ids})")
+    old = [r for r in read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND policy = ? "
+                                                     "AND list_contains(?::VARCHAR[], task_id)",
+                                        [run_id, round, policy.name, [t.id for t in tasks]])
            if r.trajectory_id not in ids]
     return fresh + old
 
