@@ -355,15 +355,6 @@ def read_trajectories(root: str, where: str | None = None, params: Params = None
     return [from_dict(d) for d in query(root, sql, params).to_pylist()]
 
 
-def view_columns(root: str) -> dict[str, list[str]]:
-    """Columns of each view (for `--help` texts and error messages)."""
-    con = connect(root)
-    try:
-        return {v: [d[0] for d in con.sql(f"SELECT * FROM {v} LIMIT 0").description] for v in VIEWS}
-    finally:
-        con.close()
-
-
 # ----------------------------------------------------------------------------- `flywheel sql`
 SQL_FORMATS = ("table", "json", "jsonl", "csv", "parquet")
 
