@@ -56,21 +56,6 @@ def joining_tasks(cfg: FlywheelConfig, round: int) -> list:
     return schedule_train_tasks(cfg, lambda from_round: from_round == round)
 
 
-def suite_label(step: SuiteStep) -> str:
-    """A suite of the schedule as shown in metrics: name plus difficulty (arithmetic-d2)."""
-    return f"{step.suite}-d{step.difficulty}"
-
-
-def _label_of(task) -> str:
-    return f"{task.suite}-d{task.difficulty}"
-
-
-def _write(root: str, rows: list) -> int:
-    from warehouse.lake import write_trajectories
-
-    return write_trajectories(root, rows).written if rows else 0
-
-
 def _metric(run_id: str, round: int, stage: str, subject: str, split: str, suite: str, metric: str,
             value: float) -> dict[str, Any]:
     return {"run_id": run_id, "round": round, "stage": stage, "subject": subject, "split": split, "suite": suite,
