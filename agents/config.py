@@ -16,8 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agents.policy import Policy, PolicySetupError
 from agents.reference import ReferenceNoise, ReferencePolicy
 
-GPU_EXTRA_FIX = "pip install 'flywheel[gpu]' (on a CUDA machine)"
-
 
 class PriceTable(BaseModel):
     """What an endpoint charges, in USD per 1M tokens (0 for self-hosted)."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import inspect
 import json
 import logging
 import time
@@ -64,7 +63,7 @@ def system_prompt(task: Task) -> str:
 
 def initial_messages(task: Task) -> list[Message]:
     """The opening conversation every policy sees (system, the task's earlier turns, user); training reuses it."""
-    earlier = list(getattr(task, "messages", None) or [])
+    earlier = list(task.messages or [])
     return [Message(role="system", content=system_prompt(task)), *earlier, Message(role="user", content=task.prompt)]
 
 
@@ -84,40 +83,25 @@ class _Episode:
         self.sandbox: Sandbox | None = None
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _needs_workspace(task: Task) -> bool:
     """Whether the verifier judges the agent's files (code tasks), so the loop snapshots the workspace."""
-    return _accepts(verify, "workspace") and (task.verifier.kind == "unit_tests" or bool(getattr(task, "files", None)))
+    return task.verifier.kind == "unit_tests" or bool(task.files)
 
 
-def _snapshot(task: Task, sandbox: Sandbox | None) -> Any:
+def _snapshot(task: Task, sandbox: Sandbox | None) -> task_tools.WorkspaceSnapshot:
     """The agent's workspace after the last turn (pristine task files when no tool call ever opened a sandbox)."""
     if sandbox is None:
-        return task_tools.pristine_snapshot(dict(getattr(task, "files", None) or {}))
+        return task_tools.pristine_snapshot(dict(task.files))
     return task_tools.workspace_snapshot(sandbox)
 
 
-def _verify(task: Task, messages: list[Message], backend: Backend, workspace: Any,
+def _verify(task: Task, messages: list[Message], backend: Backend, workspace: task_tools.WorkspaceSnapshot | None,
             extra: dict[str, Any] | None = None) -> Outcome:
-    """Call tasks.verify.verify with the keyword arguments this version of it accepts (backend, workspace, extra)."""
-    kw: dict[str, Any] = dict(extra or {})
-    if _accepts(verify, "backend"):
-        kw["backend"] = backend
-    if workspace is not None and _accepts(verify, "workspace"):
-        kw["workspace"] = workspace
-    return verify(task, messages, **kw)
+    return verify(task, messages, backend=backend, workspace=workspace, **(extra or {}))
 
 
 def _run_tool(sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
-    if timeout_s is not None and _accepts(run_tool, "timeout_s"):
-        return run_tool(sandbox, name, args, timeout_s=timeout_s)  # type: ignore[call-arg]
-    return run_tool(sandbox, name, args)
+    return run_tool(sandbox, name, args, timeout_s=timeout_s)
 
 
 async def _in_thread(executor: Executor | None, fn: Any, *args: Any) -> Any:
@@ -213,16 +197,11 @@ async def run_episode(
                 if ep.sandbox is None:
                     try:
                         ep.sandbox = await _in_thread(executor, backend.acquire)
-                        files = getattr(task, "files", None)
-                        if files:
-                            prepare = getattr(task_tools, "prepare_workspace", None)
-                            if prepare is not None:
-                                await _in_thread(executor, prepare, ep.sandbox, dict(files))
-                            else:
-                                await _in_thread(executor, ep.sandbox.write_files, dict(files))
+                        if task.files:
+                            await _in_thread(executor, task_tools.prepare_workspace, ep.sandbox, dict(task.files))
                     except Exception as e:  # noqa: BLE001
                         verdict, error_class = "infra_error", type(e).__name__
-                        error_message = f"acquiring a sandbox from backend {getattr(backend, 'name', '?')!r}: {e}"
+                        error_message = f"acquiring a sandbox from backend {backend.name!r}: {e}"
                         stop = True
                         break
                 sandbox = ep.sandbox
@@ -264,7 +243,7 @@ async def run_episode(
         verdict, error_class, error_message = "infra_error", type(e).__name__, str(e) or repr(e)
     await _close(ep.sandbox, executor)
 
-    sandbox_backend = ep.sandbox.backend if ep.sandbox is not None else getattr(backend, "name", None)
+    sandbox_backend = ep.sandbox.backend if ep.sandbox is not None else backend.name
     sandbox_image = ep.sandbox.image if ep.sandbox is not None else getattr(backend, "image", None)
     scored = outcome is not None and verdict == outcome.verdict
     return Trajectory(

@@ -58,15 +58,14 @@ def pass_history(root: str, *, run_id: str, k: int = 4, upto_round: int | None =
 
     con = connect(root)
     try:
-        scored = ", ".join(f"'{v}'" for v in SCORED_VERDICTS)
         sql = (
             "SELECT task_id, suite, CAST(round AS INTEGER) AS round, source, COUNT(*) AS n, "
             "SUM(CASE WHEN verdict = 'pass' THEN 1 ELSE 0 END) AS c FROM trajectories "
-            f"WHERE run_id = ? AND split = 'train' AND verdict IN ({scored})"
+            "WHERE run_id = ? AND split = 'train' AND list_contains(?::VARCHAR[], verdict)"
             + (" AND CAST(round AS INTEGER) <= ?" if upto_round is not None else "")
             + " GROUP BY ALL ORDER BY task_id, round, source"
         )
-        params: list[object] = [run_id] + ([upto_round] if upto_round is not None else [])
+        params: list[object] = [run_id, list(SCORED_VERDICTS)] + ([upto_round] if upto_round is not None else [])
         rows = con.execute(sql, params).fetchall()
     finally:
         con.close()

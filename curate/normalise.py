@@ -85,12 +85,3 @@ def grams(toks: list[str], n: int) -> set[tuple[str, ...]]:
     if len(toks) < n:
         return {tuple(toks)} if toks else set()
     return {tuple(toks[i : i + n]) for i in range(len(toks) - n + 1)}
-
-
-def has_run(haystack: list[str], needle: list[str]) -> bool:
-    """needle occurs as a contiguous run of tokens in haystack."""
-    k = len(needle)
-    if not k:
-        return False
-    first = needle[0]
-    return any(haystack[i] == first and haystack[i : i + k] == needle for i in range(len(haystack) - k + 1))

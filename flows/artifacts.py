@@ -1,10 +1,9 @@
-"""Prefect artifacts of the flows: a progress bar updated during rollouts, tables per stage, the round report.
+"""Prefect artifacts of the flows: a progress bar updated during rollouts, tables per stage, markdown, viewer links.
 
 Thin helpers over `prefect.artifacts`: keys are checked against Prefect's rule (lowercase letters, digits,
 dashes) with an error naming the fix, table cells are made JSON-safe, and calls are forced synchronous so that
 they also work from inside a running event loop (the rollout loop). Each helper must run inside a flow or task
-run (that is where Prefect attaches the artifact). The round report is built from the lake's long-format
-`rounds` table by a pure function (`round_report_markdown`) that tests and the CLI can use without Prefect.
+run (that is where Prefect attaches the artifact). The round report itself is warehouse/report.py's markdown.
 `viewer_links` adds links to the run's pages in `flywheel view` when `run.viewer_url` is set.
 It computes no metric itself.
 """
@@ -148,66 +147,6 @@ def progress_callback(total: int, key: str = "rollout-progress", description: st
     return Progress(artifact_id, total, description, min_interval_s)
 
 
-# --- the round report ------------------------------------------------------------------------------------------
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "-"
-        return f"{v:.3f}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v).replace("|", "\\|")
-
-
-def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """A GitHub-flavoured markdown table; '(no rows)' when empty."""
-    if not rows:
-        return "_(no rows)_\n"
-    cols = columns or list(table_rows(rows)[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(out) + "\n"
-
-
-def round_report_markdown(run_id: str, round: int, metrics: list[dict[str, Any]],
-                          sections: dict[str, str] | None = None) -> str:
-    """The round report: one table per (split, suite) with a row per metric and a column per subject.
-
-    `metrics` are rows of the lake's `rounds` table (run_id, round, stage, subject, split, suite, metric, value);
-    rows of other rounds or runs are ignored. `sections` are extra markdown blocks (title -> body) appended in
-    order (e.g. data yield, training loss, links to plots).
-    """
-    mine = [m for m in metrics if m.get("run_id") == run_id and m.get("round") == round]
-    lines = [f"# Round {round} of `{run_id}`", ""]
-    if not mine:
-        lines += ["_No round metrics recorded yet._", ""]
-    subjects_order = ["base", "teacher", "student"]
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for m in mine:
-        groups.setdefault((str(m.get("split")), str(m.get("suite"))), []).append(m)
-    for (split, suite), rows in sorted(groups.items()):
-        subjects = sorted({str(r.get("subject")) for r in rows},
-                          key=lambda s: (subjects_order.index(s) if s in subjects_order else 99, s))
-        table: dict[str, dict[str, Any]] = {}
-        for r in rows:  # the last value recorded for a (metric, subject) wins
-            table.setdefault(str(r.get("metric")), {"metric": str(r.get("metric"))})[str(r.get("subject"))] = \
-                r.get("value")
-        has_delta = "student" in subjects and "base" in subjects
-        out_rows = []
-        for metric in sorted(table):
-            row = table[metric]
-            if has_delta and isinstance(row.get("student"), (int, float)) and isinstance(row.get("base"),
-                                                                                           (int, float)):
-                row["student - base"] = row["student"] - row["base"]
-            out_rows.append(row)
-        cols = ["metric", *subjects] + (["student - base"] if has_delta else [])
-        lines += [f"## {suite} / {split}", "", markdown_table(out_rows, cols)]
-    for title, body in (sections or {}).items():
-        lines += [f"## {title}", "", body.rstrip() + "\n"]
-    return "\n".join(lines)
-
-
 def viewer_links(viewer_url: str | None, run_id: str, snapshot_ids: list[str] | None = None) -> str:
     """Markdown links to a run's pages in `flywheel view` (run, its episodes, hacks, failures, snapshots);
     '' when no viewer URL is configured (run.viewer_url)."""
@@ -222,17 +161,6 @@ def viewer_links(viewer_url: str | None, run_id: str, snapshot_ids: list[str] | 
              f"[failures]({base}/episodes?{urlencode({'run_id': run_id, 'verdict': 'fail'})})"]
     links += [f"[snapshot {s}]({base}/snapshots/{quote(s, safe='')})" for s in snapshot_ids or []]
     return "\n## In flywheel view\n\n" + " · ".join(links) + "\n"
-
-
-def publish_round_report(root: str, run_id: str, round: int, sections: dict[str, str] | None = None,
-                         key: str = "round-report") -> UUID:
-    """Query the lake's `rounds` table and publish the round report as a markdown artifact."""
-    from warehouse.query import query
-
-    rid = run_id.replace("'", "''")
-    metrics = query(root, f"SELECT * FROM rounds WHERE run_id = '{rid}' AND round = {int(round)}").to_pylist()
-    md = round_report_markdown(run_id, round, metrics, sections)
-    return publish_markdown(key, md, description=f"round {round} of {run_id}")
 
 
 ProgressFn = Callable[[int], None]

@@ -37,7 +37,7 @@ class UsageError(Exception):
 KNOWN_ERRORS = (
     ("flows.config", "ConfigError"), ("flows.runners", "RunnerError"), ("flows.serve", "ServeError"),
     ("agents.policy", "PolicyError"), ("sandbox.result", "SandboxError"), ("tasks.suites", "UnknownSuiteError"),
-    ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lake", "LakeError"),
+    ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lakefs", "LakeError"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),

@@ -24,10 +24,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from agents.config import PolicyConfig
 
 GPU = "flywheel-gpu"
 SANDBOX = "flywheel-sandbox"
@@ -164,16 +167,15 @@ def endpoint_slots(limits: LimitsConfig, base_url: str, n: int, timeout_s: float
 
 
 @contextmanager
-def rollout_slots(limits: LimitsConfig, policy_cfg: Any, n_in_flight: int,
+def rollout_slots(limits: LimitsConfig, policy_cfg: PolicyConfig, n_in_flight: int,
                   timeout_s: float | None = None) -> Iterator[None]:
     """The slots a rollout chunk holds: n sandboxes, plus n requests of an `openai` policy's endpoint, or one GPU
     for a `vllm` policy (in-process engine). `reference` and `transformers` (CPU) policies hold no policy slot."""
     with ExitStack() as stack:
         stack.enter_context(sandbox_slots(limits, n_in_flight, timeout_s))
-        kind = getattr(policy_cfg, "kind", None)
-        if kind == "openai" and getattr(policy_cfg, "base_url", None):
+        if policy_cfg.kind == "openai" and policy_cfg.base_url:
             stack.enter_context(endpoint_slots(limits, policy_cfg.base_url, n_in_flight, timeout_s))
-        elif kind == "vllm":
+        elif policy_cfg.kind == "vllm":
             stack.enter_context(gpu_slot(limits, 1, timeout_s))
         yield
 

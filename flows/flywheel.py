@@ -56,21 +56,6 @@ def joining_tasks(cfg: FlywheelConfig, round: int) -> list:
     return schedule_train_tasks(cfg, lambda from_round: from_round == round)
 
 
-def suite_label(step: SuiteStep) -> str:
-    """A suite of the schedule as shown in metrics: name plus difficulty (arithmetic-d2)."""
-    return f"{step.suite}-d{step.difficulty}"
-
-
-def _label_of(task) -> str:
-    return f"{task.suite}-d{task.difficulty}"
-
-
-def _write(root: str, rows: list) -> int:
-    from warehouse.lake import write_trajectories
-
-    return write_trajectories(root, rows).written if rows else 0
-
-
 def _metric(run_id: str, round: int, stage: str, subject: str, split: str, suite: str, metric: str,
             value: float) -> dict[str, Any]:
     return {"run_id": run_id, "round": round, "stage": stage, "subject": subject, "split": split, "suite": suite,
@@ -124,9 +109,9 @@ def rollout_rows(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, round
                         batch_size=cfg.generate.batch_size, infra_retries=cfg.generate.infra_retries,
                         max_turns=cfg.generate.max_turns, progress=progress))
     ids = {r.trajectory_id for r in fresh}
-    task_ids = ",".join(f"'{t.id}'" for t in tasks) or "''"
-    old = [r for r in read_trajectories(cfg.run.out, f"run_id = '{run_id}' AND round = {round} "
-                                                     f"AND policy = '{policy.name}' AND task_id IN ({task_ids})")
+    old = [r for r in read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND policy = ? "
+                                                     "AND list_contains(?::VARCHAR[], task_id)",
+                                        [run_id, round, policy.name, [t.id for t in tasks]])
            if r.trajectory_id not in ids]
     return fresh + old
 

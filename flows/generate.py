@@ -158,9 +158,9 @@ def generate_flow(cfg: FlywheelConfig) -> GenerateSummary:
            "skipped_existing": sum(r["skipped_existing"] for r in results)}
 
     compact(root, run_id, g.round)  # one file per partition keeps queries fast (crash-safe: see warehouse.lake)
-    rows = query(root, f"""
+    rows = query(root, """
         SELECT policy, verdict, count(*) AS n FROM trajectories
-        WHERE run_id = '{run_id}' AND round = {g.round} GROUP BY ALL ORDER BY ALL""").to_pylist()
+        WHERE run_id = ? AND round = ? GROUP BY ALL ORDER BY ALL""", [run_id, g.round]).to_pylist()
     verdicts: dict[str, int] = {}
     by_policy: dict[str, dict[str, int]] = {}
     for r in rows:

@@ -86,7 +86,7 @@ def _judge(job: tuple[str, Task, list[Message], WorkspaceSnapshot | None] | dict
     except (VerifierUnavailable, SandboxError) as e:
         return _line_result(tid, "infra_error", None, [], str(e))
     res = _line_result(tid, o.verdict, o.reward, o.hack_flags, o.details.get("error"))
-    if getattr(o, "verifier_strength", None):
+    if o.verifier_strength:
         res["verifier_strength"] = o.verifier_strength
     if o.verdict != "pass" and (failed := failed_tests(o.details)):
         res["failed"] = failed

@@ -961,9 +961,6 @@ _SEG = re.compile(r"\s*(?:;|&&|\|\||\||\n)\s*")
 _REDIR = re.compile(r"(?:^|[^0-9&<>])>>?\s*([^\s;|&<>]+)")
 
 
-CRAWLERS = {"find", "tree", "du", "locate", "mlocate", "plocate", "fd", "fdfind", "rg", "ag"}
-
-
 def _shell_crawl_roots(prog: str, words: list[str]) -> list[str] | None:
     """The folders a recursive listing or search starts from, None when the command does not recurse."""
     opts = [w for w in words[1:] if w.startswith("-")]

@@ -99,10 +99,6 @@ def is_test_path(path: str) -> bool:
     return base.endswith(".py") and (base.startswith("test_") or base.endswith("_test.py"))
 
 
-def pristine_test_paths(task: Task) -> list[str]:
-    return [p for p in task.files if is_test_path(p)]
-
-
 def solution_files(task: Task, workspace: WorkspaceSnapshot) -> dict[str, str]:
     """What the verifier copies: the workspace's text files except test files and conftest-like files.
 

@@ -68,7 +68,7 @@ class SandboxEnvironment:
         try:
             if self.sandbox is None:
                 self.sandbox = self.backend.acquire()
-                files = dict(getattr(self.task, "files", None) or {})
+                files = dict(self.task.files) if self.task is not None else {}
                 if files:
                     from tasks.tools import prepare_workspace
 
@@ -85,7 +85,7 @@ class SandboxEnvironment:
         from tasks import tools as task_tools
 
         if self.sandbox is None:
-            return task_tools.pristine_snapshot(dict(getattr(self.task, "files", None) or {}))
+            return task_tools.pristine_snapshot(dict(self.task.files) if self.task is not None else {})
         return task_tools.workspace_snapshot(self.sandbox)
 
     def _close(self) -> None:

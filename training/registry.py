@@ -77,10 +77,10 @@ def list_checkpoints(root: str, run_id: str | None = None) -> list[Checkpoint]:
     """Registered checkpoints (latest row per id), ordered by round then stage order."""
     from warehouse.query import query
 
-    where = ""
-    if run_id is not None:
-        where = "WHERE run_id = '" + run_id.replace("'", "''") + "'"
-    rows = query(root, f"SELECT * FROM checkpoints {where}").to_pylist()
+    if run_id is None:
+        rows = query(root, "SELECT * FROM checkpoints").to_pylist()
+    else:
+        rows = query(root, "SELECT * FROM checkpoints WHERE run_id = ?", [run_id]).to_pylist()
     cks = [_from_row(r) for r in rows]
     return sorted(cks, key=lambda c: (c.run_id, c.round, STAGES.index(c.stage)))
 

@@ -74,9 +74,8 @@ def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
     holding the same rows) trains on the same order, whatever the rows' write times."""
     from warehouse.query import read_trajectories
 
-    sid = snapshot_id.replace("'", "''")
-    rows = read_trajectories(root, where=f"trajectory_id IN (SELECT trajectory_id FROM manifests "
-                                         f"WHERE snapshot_id = '{sid}')")
+    rows = read_trajectories(root, "trajectory_id IN (SELECT trajectory_id FROM manifests WHERE snapshot_id = ?)",
+                             [snapshot_id])
     if not rows:
         raise TrainingError(f"snapshot {snapshot_id!r} under {root!r} has no trajectories; check the id with "
                             f"`flywheel sql --root {root}` (SELECT * FROM datasets)")

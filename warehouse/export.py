@@ -50,10 +50,6 @@ class ExportResult:
     fmt: str
 
 
-def _sql_str(s: str) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
-
-
 def build_where(
     where: str | None = None,
     *,
@@ -63,23 +59,27 @@ def build_where(
     source: str | Sequence[str] | None = None,
     run_id: str | Sequence[str] | None = None,
     round: int | Sequence[int] | None = None,
-) -> str | None:
-    """Combine a raw SQL WHERE clause with equality/IN filters into one clause (None when there is no filter)."""
+) -> tuple[str | None, list[object]]:
+    """Combine a raw SQL WHERE clause with equality/IN filters into one clause with `?` placeholders and the
+    values that fill them ((None, []) when there is no filter)."""
     clauses = [f"({where})"] if where and where.strip() else []
+    params: list[object] = []
     for col, val in (("verdict", verdict), ("suite", suite), ("split", split), ("source", source),
                      ("run_id", run_id)):
         if val is None:
             continue
         vals = [val] if isinstance(val, str) else list(val)
         if vals:
-            clauses.append(f'"{col}" IN ({", ".join(_sql_str(v) for v in vals)})')
+            clauses.append(f'"{col}" IN ({", ".join("?" for _ in vals)})')
+            params.extend(str(v) for v in vals)
     if round is not None:
         rounds = [round] if isinstance(round, int) else list(round)
         if not all(isinstance(r, int) for r in rounds):
             raise ExportError(f"round filter {round!r} must be integers")
         if rounds:
-            clauses.append(f"round IN ({', '.join(str(r) for r in rounds)})")
-    return " AND ".join(clauses) if clauses else None
+            clauses.append(f"round IN ({', '.join('?' for _ in rounds)})")
+            params.extend(rounds)
+    return (" AND ".join(clauses) if clauses else None), params
 
 
 def _message(m: dict[str, Any], arguments_as: ArgumentsAs, tid: str) -> dict[str, Any]:
@@ -145,9 +145,9 @@ def _write_jsonl(out_path: str, examples: Iterable[dict[str, Any]]) -> int:
     return n
 
 
-def _iter_rows(root: str, where: str | None) -> Iterable[dict[str, Any]]:
+def _iter_rows(root: str, where: str | None, params: list[object]) -> Iterable[dict[str, Any]]:
     try:
-        for batch in iter_trajectories(root, where):
+        for batch in iter_trajectories(root, where, params):
             yield from batch.to_pylist()
     except QueryError as e:
         raise ExportError(f"cannot select trajectories WHERE {where!r}: {e}") from e
@@ -158,8 +158,9 @@ def export_jsonl(root: str, out_path: str, where: str | None = None, *, argument
     """Write the selected trajectories to out_path as JSONL in TRL's messages-plus-tools format.
     filters: verdict, suite, split, source, run_id, round (see build_where)."""
     _check_out(out_path, overwrite)
-    clause = build_where(where, **filters)
-    n = _write_jsonl(out_path, (to_trl_example(row, arguments_as, metadata) for row in _iter_rows(root, clause)))
+    clause, params = build_where(where, **filters)
+    n = _write_jsonl(out_path, (to_trl_example(row, arguments_as, metadata)
+                                for row in _iter_rows(root, clause, params)))
     return ExportResult(path=out_path, n_rows=n, fmt="jsonl")
 
 
@@ -171,14 +172,14 @@ def export_datasets(root: str, out_dir: str, where: str | None = None, *, overwr
     import datasets  # heavy import, only here
 
     _check_out(out_dir, overwrite)
-    clause = build_where(where, **filters)
+    clause, params = build_where(where, **filters)
     meta = ", ".join(f'"{c}"' for c in METADATA_COLUMNS)
     sql = f"SELECT messages, tools_json AS tools, {meta} FROM trajectories"
     if clause:
         sql += f" WHERE {clause}"
     sql += " ORDER BY run_id, round, created_at, trajectory_id"
     try:
-        table: pa.Table = query(root, sql)
+        table: pa.Table = query(root, sql, params)
     except QueryError as e:
         raise ExportError(f"cannot select trajectories WHERE {clause!r}: {e}") from e
     _save_dataset(datasets.Dataset(datasets.table.InMemoryTable(table)), out_dir)

@@ -136,27 +136,28 @@ def scan(root: str, read_only: bool = False) -> ScanResult:
 
 
 # ----------------------------------------------------------------------------- views
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+# The file lists reach read_parquet as connection variables (SET VARIABLE name = ?, a bound parameter), never as
+# SQL text: a view cannot hold a prepared parameter, but it can read getvariable() when it is bound.
+def _file_list(con: duckdb.DuckDBPyConnection, name: str, urls: list[str]) -> str:
+    """Bind urls to the connection variable `name`; returns the SQL expression that reads it."""
+    con.execute(f"SET VARIABLE {name} = ?", [urls])
+    return f"getvariable('{name}')"
 
 
-def _file_list(urls: list[str]) -> str:
-    return "[" + ", ".join(_sql_str(u) for u in urls) + "]"
-
-
-def _traj_select(name: str, urls: list[str], fingerprints: set[str]) -> str:
+def _traj_select(con: duckdb.DuckDBPyConnection, name: str, urls: list[str], fingerprints: set[str]) -> str:
     """SQL for all rows of the given trajectory files, with every current column (NULL where a file lacks it),
     columns a newer writer added, and `filename`."""
     if not urls:
         return "SELECT *, NULL::VARCHAR AS filename FROM _empty_trajectories"
+    files = _file_list(con, f"_files_{name}", urls)
     cols = ", ".join(f'"{n}"' for n in TRAJECTORY_SCHEMA.names)
     hive = "hive_partitioning=true, hive_types={'run': VARCHAR, 'round': INTEGER}, filename=true"
     if fingerprints == {CURRENT_FINGERPRINT}:
         # Every file has exactly the current schema: no need to read all footers at bind time.
         return (f"SELECT {cols}, filename FROM (SELECT * EXCLUDE (run), run AS run_id "
-                f"FROM read_parquet({_file_list(urls)}, {hive}))")
+                f"FROM read_parquet({files}, {hive}))")
     return (f"SELECT * FROM _empty_trajectories UNION ALL BY NAME SELECT * EXCLUDE (run), run AS run_id "
-            f"FROM read_parquet({_file_list(urls)}, {hive}, union_by_name=true)")
+            f"FROM read_parquet({files}, {hive}, union_by_name=true)")
 
 
 def _create_views(con: duckdb.DuckDBPyConnection, result: ScanResult) -> None:
@@ -164,8 +165,8 @@ def _create_views(con: duckdb.DuckDBPyConnection, result: ScanResult) -> None:
     fps = result.fingerprints["trajectories"]
     # Partitions whose files provably hold distinct ids are read as they are; the others are de-duplicated
     # (earliest-written file wins; names sort in write order).
-    con.execute(f"CREATE VIEW _traj_clean AS {_traj_select('clean', result.clean, fps)}")
-    con.execute(f"CREATE VIEW _traj_suspect AS {_traj_select('suspect', result.suspect, fps)}")
+    con.execute(f"CREATE VIEW _traj_clean AS {_traj_select(con, 'clean', result.clean, fps)}")
+    con.execute(f"CREATE VIEW _traj_suspect AS {_traj_select(con, 'suspect', result.suspect, fps)}")
     con.execute("CREATE VIEW trajectories_raw AS SELECT * FROM _traj_clean UNION ALL BY NAME "
                 "SELECT * FROM _traj_suspect")
     if not result.suspect:
@@ -203,7 +204,7 @@ def _create_views(con: duckdb.DuckDBPyConnection, result: ScanResult) -> None:
         urls = result.files.get(name, [])
         body = f"SELECT * FROM _empty_{name}"
         if urls:
-            body += (f" UNION ALL BY NAME SELECT * FROM read_parquet({_file_list(urls)}, "
+            body += (f" UNION ALL BY NAME SELECT * FROM read_parquet({_file_list(con, f'_files_{name}', urls)}, "
                      f"hive_partitioning=false, union_by_name=true)")
         if key:
             part = ", ".join(f'"{k}"' for k in key)
@@ -282,8 +283,12 @@ def find_unreadable_files(root: str) -> list[QuarantineRecord]:
     return out
 
 
-def query(root: str, sql: str, max_retries: int = 10) -> pa.Table:
-    """Run one SQL statement over the lake's views and return the result as an Arrow table.
+Params = list[object] | dict[str, object] | None
+
+
+def query(root: str, sql: str, params: Params = None, max_retries: int = 10) -> pa.Table:
+    """Run one SQL statement over the lake's views and return the result as an Arrow table. Values go in params
+    (`?` placeholders and a list, or `$name` and a dict), never into the SQL text.
 
     If the scan fails on a file that is corrupt beyond its footer, that file is quarantined (the one DuckDB names,
     or every file a full checksummed read rejects) and the query runs again, up to max_retries times.
@@ -292,13 +297,16 @@ def query(root: str, sql: str, max_retries: int = 10) -> pa.Table:
     for _ in range(max_retries + 1):
         con = connect(root)
         try:
-            rel = con.sql(sql)
+            rel = con.sql(sql, params=params)
             if rel is None:
                 return pa.table({})
             return rel.to_arrow_table()
         except _SQL_ERRORS as e:
             raise QueryError(f"{e}\n(views: {', '.join(VIEWS)})") from e
         except duckdb.Error as e:
+            if isinstance(e, duckdb.InvalidInputException) and "parameter" in str(e).lower():
+                # placeholders and params do not match: the caller's mistake, not a file's
+                raise QueryError(f"{e} (params: {params!r})") from e
             first = str(e).splitlines()[0]
             bad = _corrupt_file_in(root, e)
             if bad is not None:
@@ -314,43 +322,37 @@ def query(root: str, sql: str, max_retries: int = 10) -> pa.Table:
     raise QueryError(f"query kept failing on corrupt files under {root} after {max_retries} retries")
 
 
-def iter_trajectories(root: str, where: str | None = None, batch_size: int = 1024,
-                      order_by: str = "run_id, round, created_at, trajectory_id") -> Iterator[pa.RecordBatch]:
-    """Stream the de-duplicated trajectories matching a SQL WHERE clause as Arrow record batches (files found
-    corrupt at connect are quarantined; a scan error mid-stream raises QueryError, with no retry)."""
-    con = connect(root)
+def _trajectories_sql(where: str | None, order_by: str | None) -> str:
     sql = "SELECT * FROM trajectories"
     if where:
         sql += f" WHERE {where}"
     if order_by:
         sql += f" ORDER BY {order_by}"
-    try:
-        reader = con.sql(sql).to_arrow_reader(batch_size)
-        yield from reader
-    except duckdb.Error as e:
-        raise QueryError(f"reading trajectories WHERE {where!r} failed: {e}") from e
-    finally:
-        con.close()
+    return sql
 
 
-def read_trajectories(root: str, where: str | None = None) -> list[Trajectory]:
-    """The de-duplicated trajectories matching a SQL WHERE clause (e.g. "verdict = 'pass' AND round = 2"),
-    as typed records, in (run_id, round, created_at, trajectory_id) order. Corrupt files are quarantined and the
-    read retried, as in query(). Loads everything in memory: use iter_trajectories for large selections."""
-    sql = "SELECT * FROM trajectories"
-    if where:
-        sql += f" WHERE {where}"
-    sql += " ORDER BY run_id, round, created_at, trajectory_id"
-    return [from_dict(d) for d in query(root, sql).to_pylist()]
-
-
-def view_columns(root: str) -> dict[str, list[str]]:
-    """Columns of each view (for `--help` texts and error messages)."""
+def iter_trajectories(root: str, where: str | None = None, params: Params = None, batch_size: int = 1024,
+                      order_by: str = "run_id, round, created_at, trajectory_id") -> Iterator[pa.RecordBatch]:
+    """Stream the de-duplicated trajectories matching a SQL WHERE clause (values as `?` and params) as Arrow
+    record batches (files found corrupt at connect are quarantined; a scan error mid-stream raises QueryError,
+    with no retry)."""
     con = connect(root)
     try:
-        return {v: [d[0] for d in con.sql(f"SELECT * FROM {v} LIMIT 0").description] for v in VIEWS}
+        reader = con.sql(_trajectories_sql(where, order_by), params=params).to_arrow_reader(batch_size)
+        yield from reader
+    except duckdb.Error as e:
+        raise QueryError(f"reading trajectories WHERE {where!r} (params {params!r}) failed: {e}") from e
     finally:
         con.close()
+
+
+def read_trajectories(root: str, where: str | None = None, params: Params = None) -> list[Trajectory]:
+    """The de-duplicated trajectories matching a SQL WHERE clause with `?` placeholders for values (e.g.
+    read_trajectories(root, "task_id = ? AND round = ?", [task_id, 2])), as typed records, in (run_id, round,
+    created_at, trajectory_id) order. Corrupt files are quarantined and the read retried, as in query(). Loads
+    everything in memory: use iter_trajectories for large selections."""
+    sql = _trajectories_sql(where, "run_id, round, created_at, trajectory_id")
+    return [from_dict(d) for d in query(root, sql, params).to_pylist()]
 
 
 # ----------------------------------------------------------------------------- `flywheel sql`

@@ -25,10 +25,10 @@ class Report:
 
 
 def _rounds(root: str, run_id: str) -> list[dict[str, Any]]:
-    return query(root, f"""
+    return query(root, """
         SELECT round::INTEGER AS round, stage, subject, split, suite, metric, arg_max(value, created_at) AS value
-        FROM rounds WHERE run_id = '{run_id.replace("'", "''")}'
-        GROUP BY ALL ORDER BY round, stage, subject, suite, metric""").to_pylist()
+        FROM rounds WHERE run_id = ?
+        GROUP BY ALL ORDER BY round, stage, subject, suite, metric""", [run_id]).to_pylist()
 
 
 def heldout_table(root: str, run_id: str) -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ CASES = [
     (["evaluate", "--model", "m", "--set", "x.y=1"], "unknown config section [x]"),
     (["sql", "select nope", "--root", "{d}"], 'column "nope" was not found'),
     (["sql"], "Missing argument 'query'"),
+    (["sql", "SELECT 1", "--root", "file://x/y"], "a file:// URL needs three slashes"),
     (["export", "{d}/o.jsonl", "--root", "{d}/none"], "lake root {d}/none does not exist"),
     (["stats", "--root", "{d}", "--by", "nope"], "unknown stats dimension"),
     (["verify", "--trajectories", "{d}/none.jsonl"], "trajectory file {d}/none.jsonl does not exist"),

@@ -20,8 +20,6 @@ from flows.artifacts import (
     Progress,
     artifact_key,
     check_key,
-    markdown_table,
-    round_report_markdown,
     table_rows,
 )
 from flows.concurrency import ConcurrencyError, LimitsConfig, endpoint_limit_name, retry_on_transient
@@ -189,24 +187,6 @@ def test_artifact_keys():
 def test_table_rows_union_and_json_safe():
     rows = table_rows([{"a": 1, "b": float("nan")}, {"c": {"x": 1}, "a": 2.1234567}])
     assert rows == [{"a": 1, "b": None, "c": None}, {"a": 2.123457, "b": None, "c": '{"x": 1}'}]
-    assert markdown_table([]) == "_(no rows)_\n"
-
-
-def test_round_report_pivots_subjects_and_deltas():
-    base = {"run_id": "r1", "round": 1, "stage": "evaluate", "split": "heldout", "suite": "arithmetic"}
-    metrics = [
-        {**base, "subject": "student", "metric": "pass_rate", "value": 0.5},
-        {**base, "subject": "base", "metric": "pass_rate", "value": 0.125},
-        {**base, "subject": "teacher", "metric": "pass_rate", "value": 0.9},
-        {**base, "round": 0, "subject": "student", "metric": "pass_rate", "value": 0.0},  # another round
-    ]
-    md = round_report_markdown("r1", 1, metrics, sections={"Data": "12 rows"})
-    assert md.startswith("# Round 1 of `r1`")
-    assert "## arithmetic / heldout" in md
-    assert "| metric | base | teacher | student | student - base |" in md
-    assert "| pass_rate | 0.125 | 0.900 | 0.500 | 0.375 |" in md
-    assert "## Data\n\n12 rows" in md
-    assert "No round metrics" in round_report_markdown("r2", 0, metrics)
 
 
 def test_progress_pickles_without_its_lock():

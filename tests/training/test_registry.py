@@ -45,3 +45,12 @@ def test_unknown_checkpoint_names_the_fix(tmp_path):
         get_checkpoint(root, "nope")
     with pytest.raises(ValueError, match="stage"):
         register_checkpoint(root, run_id="r", round=0, stage="dpo", path="/m")  # type: ignore[arg-type]
+
+
+def test_run_id_with_a_quote_is_a_value(tmp_path):
+    root = str(tmp_path / "lake")
+    register_checkpoint(root, run_id="it's", round=0, stage="base", path="/m/q")
+    register_checkpoint(root, run_id="it", round=0, stage="base", path="/m/p")
+    assert [c.path for c in list_checkpoints(root, "it's")] == ["/m/q"]
+    assert latest_checkpoint(root, "it's").run_id == "it's"
+    assert list_checkpoints(root, "x' OR '1'='1") == []

@@ -69,3 +69,19 @@ def test_seeded_sft_repeats_its_loss_sequence(tiny_model, ref_rows, tmp_path):
     assert c.losses != a.losses  # the seed matters: the test can fail
     assert (tmp_path / "a" / "model.safetensors").exists() and (tmp_path / "a" / "tokenizer.json").exists()
     assert a.n_examples == len(ref_rows) and a.n_dropped_truncated == 0
+
+
+def test_load_snapshot_takes_ids_as_values(tmp_path):
+    from tests.warehouse.conftest import make_trajectory
+    from training.sft import load_snapshot
+    from warehouse.lake import write_manifest, write_trajectories
+
+    root = str(tmp_path / "lake")
+    rows = [make_trajectory(i, task_id=tid) for i, tid in enumerate(["it's", "o''neil", "plain"])]
+    write_trajectories(root, rows)
+    write_manifest(root, "snap-1", [{"trajectory_id": r.trajectory_id, "source": r.source, "run_id": r.run_id,
+                                     "round": r.round, "task_id": r.task_id, "suite": r.suite, "policy": r.policy,
+                                     "weight": 1.0} for r in rows[:2]])
+    assert sorted(r.task_id for r in load_snapshot(root, "snap-1")) == ["it's", "o''neil"]
+    with pytest.raises(TrainingError, match="has no trajectories"):
+        load_snapshot(root, "snap-1' OR '1'='1")

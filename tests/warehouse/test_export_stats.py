@@ -69,9 +69,10 @@ def test_datasets_export_round_trips_through_load_from_disk(lake, tmp_path):
 
 def test_export_filters_and_bad_where(lake, tmp_path):
     root, _ = lake
-    assert build_where(None) is None
-    assert build_where("reward > 0", verdict=["pass", "hack"], suite="it's") == (
-        "(reward > 0) AND \"verdict\" IN ('pass', 'hack') AND \"suite\" IN ('it''s')")
+    assert build_where(None) == (None, [])
+    assert build_where("reward > 0", verdict=["pass", "hack"], suite="it's", round=[1, 2]) == (
+        "(reward > 0) AND \"verdict\" IN (?, ?) AND \"suite\" IN (?) AND round IN (?, ?)",
+        ["pass", "hack", "it's", 1, 2])
     res = export_command(root, str(tmp_path / "x.jsonl"), where="reward < 1", source=["student"], split=["heldout"])
     assert res.n_rows == 2
     with pytest.raises(ExportError, match="cannot select"):
