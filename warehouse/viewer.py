@@ -180,10 +180,15 @@ class EpisodeQuery:
         self.where = (self.where or "").strip() or None
 
 
+def _where_subquery(where: str) -> str:
+    """The subquery that applies the user's WHERE (newlines keep a trailing `--` comment from eating the ')')."""
+    return f"SELECT * FROM trajectories WHERE (\n{where}\n)"
+
+
 def check_where(con: duckdb.DuckDBPyConnection, where: str) -> str:
-    """The user's WHERE, if it is an expression over the trajectories view: the whole statement it makes must be
-    one plain SELECT (no set operation, no second statement). Raises ViewError naming the problem."""
-    sql = f"SELECT trajectory_id FROM trajectories WHERE ({where})"
+    """The user's WHERE, if it is an expression over the trajectories view: the very subquery the list runs must
+    be one plain SELECT (no set operation, no second statement). Raises ViewError naming the problem."""
+    sql = _where_subquery(where)
     try:
         stmts = con.extract_statements(sql)
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
@@ -203,7 +208,9 @@ def check_where(con: duckdb.DuckDBPyConnection, where: str) -> str:
     return where
 
 
-def _where_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, list[Any]]:
+def _where_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, list[str], list[Any]]:
+    """(the relation to read, the filter conditions, their parameters). A user WHERE becomes a subquery the
+    relation is read from (one scan that the filters push into, not a semi-join on the ids)."""
     parts, params = [], []
     for col in FILTERS:
         if col in q.filters:
@@ -212,27 +219,56 @@ def _where_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, li
     if q.hack:
         parts.append("list_contains(hack_flags, ?)")
         params.append(q.hack)
-    if q.where:
-        parts.append(f"trajectory_id IN (SELECT trajectory_id FROM trajectories WHERE ({check_where(con, q.where)}))")
-    return (" WHERE " + " AND ".join(parts)) if parts else "", params
+    source = f"({_where_subquery(check_where(con, q.where))}) AS trajectories" if q.where else "trajectories"
+    return source, parts, params
+
+
+def _where(parts: list[str]) -> str:
+    return (" WHERE " + " AND ".join(parts)) if parts else ""
+
+
+def _page_sql(source: str, parts: list[str], q: EpisodeQuery) -> str:
+    order = f'"{q.sort}" {"DESC" if q.desc else "ASC"} NULLS LAST, trajectory_id'
+    cols = ", ".join(f'"{c}"' for c in LIST_COLUMNS)
+    return (f"SELECT {cols} FROM {source}{_where(parts)} ORDER BY {order} "
+            f"LIMIT {int(q.per_page)} OFFSET {int((q.page - 1) * q.per_page)}")
 
 
 def list_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, str, list[Any]]:
-    """(page SQL, count SQL, parameters) of an episode list query."""
-    where, params = _where_sql(con, q)
-    order = f'"{q.sort}" {"DESC" if q.desc else "ASC"} NULLS LAST, trajectory_id'
-    cols = ", ".join(f'"{c}"' for c in LIST_COLUMNS)
-    page = (f"SELECT {cols} FROM trajectories{where} ORDER BY {order} "
-            f"LIMIT {int(q.per_page)} OFFSET {int((q.page - 1) * q.per_page)}")
-    return page, f"SELECT count(*) FROM trajectories{where}", params
+    """(page SQL, count SQL, parameters) of an episode list query: the straightforward form, one statement each
+    (what `flywheel sql` would run; episode_list answers the same rows faster)."""
+    source, parts, params = _where_sql(con, q)
+    return _page_sql(source, parts, q), f"SELECT count(*) FROM {source}{_where(parts)}", params
+
+
+def page_rows(con: duckdb.DuckDBPyConnection, q: EpisodeQuery, total: int) -> list[dict[str, Any]]:
+    """The rows of list_sql's page, found in two narrow steps instead of one wide top-N over every match.
+
+    1. The sort value of the page's last row: a top-N over the filter and sort columns only (no id, no display
+       column), e.g. `SELECT reward ... ORDER BY reward DESC NULLS LAST LIMIT 1 OFFSET 99`.
+    2. The page query with that value as a bound (`reward >= ?`): a plain comparison DuckDB pushes into the
+       Parquet scan (row groups skipped by their min/max, the display columns read only for rows that pass).
+    Same rows in the same order as list_sql's page: every row the bound drops sorts after the page's last row
+    (a later sort value, or NULL), so the rows before it keep their positions. A NULL bound (the page reaches
+    the NULLs) adds no bound. `total` (the count) skips step 1 past the end and clips the last page."""
+    first = (q.page - 1) * q.per_page
+    if first >= total:
+        return []
+    source, parts, params = _where_sql(con, q)
+    col, d = f'"{q.sort}"', "DESC" if q.desc else "ASC"
+    last = con.execute(f"SELECT {col} FROM {source}{_where(parts)} ORDER BY {col} {d} NULLS LAST "
+                       f"LIMIT 1 OFFSET {int(min(first + q.per_page, total) - 1)}", params).fetchall()
+    if last and last[0][0] is not None:
+        parts, params = [*parts, f"{col} {'>=' if q.desc else '<='} ?"], [*params, last[0][0]]
+    return _rows(con, _page_sql(source, parts, q), params)
 
 
 def episode_list(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> dict[str, Any]:
-    """One page of episodes matching the query, with the total count."""
-    page_sql, count_sql, params = list_sql(con, q)
+    """One page of episodes matching the query (page_rows), with the total count."""
+    _page, count_sql, params = list_sql(con, q)
     try:
         total = con.execute(count_sql, params).fetchall()[0][0]
-        rows = _rows(con, page_sql, params)
+        rows = page_rows(con, q, total)
     except duckdb.Error as e:
         what = f"WHERE {q.where!r}" if q.where else "the filters"
         raise ViewError(f"{what} failed: {str(e).splitlines()[0]}") from e
