@@ -24,6 +24,8 @@ from warehouse.query import connect
 from warehouse.tables import TRAJECTORIES_DIR
 
 PAGE_SIZES = (25, 50, 100, 200)
+# Deepest row position whose page is bounded by its sort value (page_rows); deeper pages run the plain query.
+BOUND_MAX_ROWS = 100_000
 # Columns of the episode list, in display order; every one of them can be sorted on.
 LIST_COLUMNS = ("trajectory_id", "run_id", "round", "source", "policy", "suite", "split", "task_id", "verdict",
                 "hack_flags", "reward", "turns", "n_tool_calls", "prompt_tokens", "completion_tokens", "latency_ms",
@@ -241,34 +243,37 @@ def list_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, str,
     return _page_sql(source, parts, q), f"SELECT count(*) FROM {source}{_where(parts)}", params
 
 
-def page_rows(con: duckdb.DuckDBPyConnection, q: EpisodeQuery, total: int) -> list[dict[str, Any]]:
-    """The rows of list_sql's page, found in two narrow steps instead of one wide top-N over every match.
+def page_rows(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[int, list[dict[str, Any]]]:
+    """(count, rows of list_sql's page), found in two narrow steps instead of a count and a wide top-N.
 
-    1. The sort value of the page's last row: a top-N over the filter and sort columns only (no id, no display
-       column), e.g. `SELECT reward ... ORDER BY reward DESC NULLS LAST LIMIT 1 OFFSET 99`.
+    1. One scan of the filter and sort columns only gives the count and the sort value of the page's last row
+       (`count(*)` and `max(reward, K)[K]`, K = the last row's position; min() when ascending).
     2. The page query with that value as a bound (`reward >= ?`): a plain comparison DuckDB pushes into the
        Parquet scan (row groups skipped by their min/max, the display columns read only for rows that pass).
     Same rows in the same order as list_sql's page: every row the bound drops sorts after the page's last row
-    (a later sort value, or NULL), so the rows before it keep their positions. A NULL bound (the page reaches
-    the NULLs) adds no bound. `total` (the count) skips step 1 past the end and clips the last page."""
-    first = (q.page - 1) * q.per_page
-    if first >= total:
-        return []
+    (a later sort value, or NULL), so the rows before it keep their positions. No bound when the page is the
+    last, reaches the NULLs (max/min skip NULLs, so the list is short) or lies past BOUND_MAX_ROWS."""
     source, parts, params = _where_sql(con, q)
-    col, d = f'"{q.sort}"', "DESC" if q.desc else "ASC"
-    last = con.execute(f"SELECT {col} FROM {source}{_where(parts)} ORDER BY {col} {d} NULLS LAST "
-                       f"LIMIT 1 OFFSET {int(min(first + q.per_page, total) - 1)}", params).fetchall()
-    if last and last[0][0] is not None:
-        parts, params = [*parts, f"{col} {'>=' if q.desc else '<='} ?"], [*params, last[0][0]]
-    return _rows(con, _page_sql(source, parts, q), params)
+    col, first = f'"{q.sort}"', (q.page - 1) * q.per_page
+    k = first + q.per_page
+    if k > BOUND_MAX_ROWS:
+        total = con.execute(f"SELECT count(*) FROM {source}{_where(parts)}", params).fetchall()[0][0]
+        last = None
+    else:
+        total, last = con.execute(f"""SELECT n, CASE WHEN len(top) = {k} THEN top[{k}] END FROM (
+                                      SELECT count(*) AS n, {"max" if q.desc else "min"}({col}, {k}) AS top
+                                      FROM {source}{_where(parts)})""", params).fetchall()[0]
+    if first >= total:
+        return total, []
+    if last is not None:
+        parts, params = [*parts, f"{col} {'>=' if q.desc else '<='} ?"], [*params, last]
+    return total, _rows(con, _page_sql(source, parts, q), params)
 
 
 def episode_list(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> dict[str, Any]:
     """One page of episodes matching the query (page_rows), with the total count."""
-    _page, count_sql, params = list_sql(con, q)
     try:
-        total = con.execute(count_sql, params).fetchall()[0][0]
-        rows = page_rows(con, q, total)
+        total, rows = page_rows(con, q)
     except duckdb.Error as e:
         what = f"WHERE {q.where!r}" if q.where else "the filters"
         raise ViewError(f"{what} failed: {str(e).splitlines()[0]}") from e

@@ -349,7 +349,7 @@ def _same_pages(root: str, combos: list[dict]) -> int:
 def test_the_bounded_page_query_answers_exactly_the_straightforward_rows(lake, tmp_path):
     """On the run's lake and on a 400-row lake (benchmarks/warehouse.py's rows, the lake's writer): every sort
     column both ways, ties (verdict, suite, reward, round), filters, hack code, a free WHERE, the first, middle,
-    last and past-the-end pages."""
+    last and past-the-end pages, and one past BOUND_MAX_ROWS."""
     from benchmarks.warehouse import synthetic_trajectory
     from warehouse.lake import write_trajectories
     from warehouse.viewer import SORTABLE
@@ -361,7 +361,9 @@ def test_the_bounded_page_query_answers_exactly_the_straightforward_rows(lake, t
     narrows = [{}, {"filters": {"verdict": "fail"}}, {"filters": {"source": "student", "round": "2"}},
                {"where": "prompt_tokens > 600 OR verdict = 'pass'"}]
     combos = [{**n, "sort": s, "desc": d, "page": p, "per_page": 25}
-              for n in narrows for s in sorted(SORTABLE) for d in (True, False) for p in (1, 2, 5, 16, 17)]
+              for n in narrows for s in sorted(SORTABLE) for d, pages in ((True, (1, 16)), (False, (5, 17)))
+              for p in pages]
+    combos.append({"page": 501, "per_page": 200})  # past BOUND_MAX_ROWS: the plain page
     assert _same_pages(big, combos) > len(combos) // 2
     small = [{**n, "sort": s, "desc": d, "page": p, "per_page": 25}
              for n in ({}, {"filters": {"verdict": "hack"}, "hack": flag}, {"where": "n_tool_calls > 0"})
