@@ -251,8 +251,8 @@ def page_rows(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[int, lis
     2. The page query with that value as a bound (`reward >= ?`): a plain comparison DuckDB pushes into the
        Parquet scan (row groups skipped by their min/max, the display columns read only for rows that pass).
     Same rows in the same order as list_sql's page: every row the bound drops sorts after the page's last row
-    (a later sort value, or NULL), so the rows before it keep their positions. No bound when the page is the
-    last, reaches the NULLs (max/min skip NULLs, so the list is short) or lies past BOUND_MAX_ROWS."""
+    (a later sort value, or NULL), so the rows before it keep their positions. No bound when the page is not
+    full (the last one), reaches the NULLs (max/min skip NULLs: the list is short) or lies past BOUND_MAX_ROWS."""
     source, parts, params = _where_sql(con, q)
     col, first = f'"{q.sort}"', (q.page - 1) * q.per_page
     k = first + q.per_page
