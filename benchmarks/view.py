@@ -8,7 +8,10 @@ not counted):
              sorted page), and page 200 of a filtered list
   episode    /episodes/ID for ids spread over the lake
 (the first request of each case, which also fills the list's drop-down cache, is printed apart)
-next to the same SQL through warehouse.query.query (what `flywheel sql` runs: connect + views + query).
+next to the same SQL through warehouse.query.query (what `flywheel sql` runs: connect + views + query). For the
+list cases it also times, in-process and interleaved, the viewer's two-step page (warehouse.viewer.episode_list:
+count, the page's last sort value, the bounded page) against the one-statement page of list_sql (count + page)
+on the viewer's own connection: the same rows, before and after that change, under the same load.
 Prints a table (median and p95 in ms) and writes JSON (--out).
 
 Usage: python benchmarks/view.py [--n 1000000] [--dir /tmp/fw-bench-view] [--reuse] [--repeat 15] [--out FILE]
@@ -67,7 +70,7 @@ def main() -> None:
 
     from flows.view import create_app
     from warehouse.query import query
-    from warehouse.viewer import EpisodeQuery, list_sql, open_view
+    from warehouse.viewer import EpisodeQuery, episode_list, list_sql, open_view
 
     root = os.path.join(args.dir, "lake")
     have = 0
@@ -127,6 +130,26 @@ def main() -> None:
         "list: page 200 of a filter": {"source": "student", "page": 200},
         "list: hack code + WHERE": {"hack": "edited_tests", "where": "prompt_tokens > 800"},
     }
+    def one_statement(q: EpisodeQuery) -> float:
+        t = time.perf_counter()
+        con = open_view(root)
+        try:
+            page, count, params = list_sql(con, q)
+            con.execute(count, params).fetchall()
+            con.execute(page, params).fetchall()
+        finally:
+            con.close()
+        return time.perf_counter() - t
+
+    def two_step(q: EpisodeQuery) -> float:
+        t = time.perf_counter()
+        con = open_view(root)
+        try:
+            episode_list(con, q)
+        finally:
+            con.close()
+        return time.perf_counter() - t
+
     results = []
     for name, params in cases.items():
         params = {k: v for k, v in params.items() if v != ""}
@@ -137,8 +160,10 @@ def main() -> None:
                          sort=params.get("sort", "created_at"), page=int(params.get("page", 1)))
         page_sql, count_sql, sql_params = sql_of(q)
         sql_t = timed(lambda _i, a=page_sql, b=count_sql, p=sql_params: duck(a, p) + duck(b, p), args.repeat)
+        pair = timed(lambda _i, q=q: (one_statement(q), two_step(q)), args.repeat)
         results.append({"case": name, "path": path, "page_ms": [x * 1e3 for x in page_t],
-                        "sql_ms": [x * 1e3 for x in sql_t]})
+                        "sql_ms": [x * 1e3 for x in sql_t], "one_statement_ms": [a * 1e3 for a, _b in pair],
+                        "two_step_ms": [b * 1e3 for _a, b in pair]})
     ep_t = timed(lambda i: fetch(f"/episodes/{ids[i % len(ids)]}"), args.repeat, "episode page")
     sql_ep = timed(lambda i: duck("SELECT * FROM trajectories WHERE trajectory_id = ?", [ids[i % len(ids)]]),
                    args.repeat)
@@ -157,6 +182,15 @@ def main() -> None:
         r.update(page_median_ms=pm, page_p95_ms=pp, sql_median_ms=sm, sql_p95_ms=sp, ratio=pm / sm,
                  first_ms=first.get(r["case"]))
         print(f"{r['case']:36} {pm:9.0f} {pp:9.0f} {sm:9.0f} {sp:9.0f} {pm / sm:9.2f}")
+    head = f"{'list query (in-process)':36} {'1-stmt med':>10} {'1-stmt p95':>10} {'2-step med':>10} " \
+           f"{'2-step p95':>10} {'2/1':>6}"
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in results:
+        if "two_step_ms" in r:
+            om, op = statistics.median(r["one_statement_ms"]), pctl(r["one_statement_ms"], 0.95)
+            tm, tp = statistics.median(r["two_step_ms"]), pctl(r["two_step_ms"], 0.95)
+            r.update(one_statement_median_ms=om, two_step_median_ms=tm, two_step_ratio=tm / om)
+            print(f"{r['case']:36} {om:10.0f} {op:10.0f} {tm:10.0f} {tp:10.0f} {tm / om:6.2f}")
     out = args.out or os.path.join(args.dir, "view.json")
     with open(out, "w") as f:
         json.dump({"n": args.n, "files": n_files, "build_s": build_s, "repeat": args.repeat, "results": results}, f,

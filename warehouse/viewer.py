@@ -24,6 +24,8 @@ from warehouse.query import connect
 from warehouse.tables import TRAJECTORIES_DIR
 
 PAGE_SIZES = (25, 50, 100, 200)
+# Deepest row position whose page is bounded by its sort value (page_rows); deeper pages run the plain query.
+BOUND_MAX_ROWS = 100_000
 # Columns of the episode list, in display order; every one of them can be sorted on.
 LIST_COLUMNS = ("trajectory_id", "run_id", "round", "source", "policy", "suite", "split", "task_id", "verdict",
                 "hack_flags", "reward", "turns", "n_tool_calls", "prompt_tokens", "completion_tokens", "latency_ms",
@@ -180,10 +182,15 @@ class EpisodeQuery:
         self.where = (self.where or "").strip() or None
 
 
+def _where_subquery(where: str) -> str:
+    """The subquery that applies the user's WHERE (newlines keep a trailing `--` comment from eating the ')')."""
+    return f"SELECT * FROM trajectories WHERE (\n{where}\n)"
+
+
 def check_where(con: duckdb.DuckDBPyConnection, where: str) -> str:
-    """The user's WHERE, if it is an expression over the trajectories view: the whole statement it makes must be
-    one plain SELECT (no set operation, no second statement). Raises ViewError naming the problem."""
-    sql = f"SELECT trajectory_id FROM trajectories WHERE ({where})"
+    """The user's WHERE, if it is an expression over the trajectories view: the very subquery the list runs must
+    be one plain SELECT (no set operation, no second statement). Raises ViewError naming the problem."""
+    sql = _where_subquery(where)
     try:
         stmts = con.extract_statements(sql)
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
@@ -203,7 +210,9 @@ def check_where(con: duckdb.DuckDBPyConnection, where: str) -> str:
     return where
 
 
-def _where_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, list[Any]]:
+def _where_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, list[str], list[Any]]:
+    """(the relation to read, the filter conditions, their parameters). A user WHERE becomes a subquery the
+    relation is read from (one scan that the filters push into, not a semi-join on the ids)."""
     parts, params = [], []
     for col in FILTERS:
         if col in q.filters:
@@ -212,27 +221,59 @@ def _where_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, li
     if q.hack:
         parts.append("list_contains(hack_flags, ?)")
         params.append(q.hack)
-    if q.where:
-        parts.append(f"trajectory_id IN (SELECT trajectory_id FROM trajectories WHERE ({check_where(con, q.where)}))")
-    return (" WHERE " + " AND ".join(parts)) if parts else "", params
+    source = f"({_where_subquery(check_where(con, q.where))}) AS trajectories" if q.where else "trajectories"
+    return source, parts, params
+
+
+def _where(parts: list[str]) -> str:
+    return (" WHERE " + " AND ".join(parts)) if parts else ""
+
+
+def _page_sql(source: str, parts: list[str], q: EpisodeQuery) -> str:
+    order = f'"{q.sort}" {"DESC" if q.desc else "ASC"} NULLS LAST, trajectory_id'
+    cols = ", ".join(f'"{c}"' for c in LIST_COLUMNS)
+    return (f"SELECT {cols} FROM {source}{_where(parts)} ORDER BY {order} "
+            f"LIMIT {int(q.per_page)} OFFSET {int((q.page - 1) * q.per_page)}")
 
 
 def list_sql(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[str, str, list[Any]]:
-    """(page SQL, count SQL, parameters) of an episode list query."""
-    where, params = _where_sql(con, q)
-    order = f'"{q.sort}" {"DESC" if q.desc else "ASC"} NULLS LAST, trajectory_id'
-    cols = ", ".join(f'"{c}"' for c in LIST_COLUMNS)
-    page = (f"SELECT {cols} FROM trajectories{where} ORDER BY {order} "
-            f"LIMIT {int(q.per_page)} OFFSET {int((q.page - 1) * q.per_page)}")
-    return page, f"SELECT count(*) FROM trajectories{where}", params
+    """(page SQL, count SQL, parameters) of an episode list query: the straightforward form, one statement each
+    (what `flywheel sql` would run; episode_list answers the same rows faster)."""
+    source, parts, params = _where_sql(con, q)
+    return _page_sql(source, parts, q), f"SELECT count(*) FROM {source}{_where(parts)}", params
+
+
+def page_rows(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> tuple[int, list[dict[str, Any]]]:
+    """(count, rows of list_sql's page), found in two narrow steps instead of a count and a wide top-N.
+
+    1. One scan of the filter and sort columns only gives the count and the sort value of the page's last row
+       (`count(*)` and `max(reward, K)[K]`, K = the last row's position; min() when ascending).
+    2. The page query with that value as a bound (`reward >= ?`): a plain comparison DuckDB pushes into the
+       Parquet scan (row groups skipped by their min/max, the display columns read only for rows that pass).
+    Same rows in the same order as list_sql's page: every row the bound drops sorts after the page's last row
+    (a later sort value, or NULL), so the rows before it keep their positions. No bound when the page is not
+    full (the last one), reaches the NULLs (max/min skip NULLs: the list is short) or lies past BOUND_MAX_ROWS."""
+    source, parts, params = _where_sql(con, q)
+    col, first = f'"{q.sort}"', (q.page - 1) * q.per_page
+    k = first + q.per_page
+    if k > BOUND_MAX_ROWS:
+        total = con.execute(f"SELECT count(*) FROM {source}{_where(parts)}", params).fetchall()[0][0]
+        last = None
+    else:
+        total, last = con.execute(f"""SELECT n, CASE WHEN len(top) = {k} THEN top[{k}] END FROM (
+                                      SELECT count(*) AS n, {"max" if q.desc else "min"}({col}, {k}) AS top
+                                      FROM {source}{_where(parts)})""", params).fetchall()[0]
+    if first >= total:
+        return total, []
+    if last is not None:
+        parts, params = [*parts, f"{col} {'>=' if q.desc else '<='} ?"], [*params, last]
+    return total, _rows(con, _page_sql(source, parts, q), params)
 
 
 def episode_list(con: duckdb.DuckDBPyConnection, q: EpisodeQuery) -> dict[str, Any]:
-    """One page of episodes matching the query, with the total count."""
-    page_sql, count_sql, params = list_sql(con, q)
+    """One page of episodes matching the query (page_rows), with the total count."""
     try:
-        total = con.execute(count_sql, params).fetchall()[0][0]
-        rows = _rows(con, page_sql, params)
+        total, rows = page_rows(con, q)
     except duckdb.Error as e:
         what = f"WHERE {q.where!r}" if q.where else "the filters"
         raise ViewError(f"{what} failed: {str(e).splitlines()[0]}") from e

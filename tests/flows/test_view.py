@@ -205,6 +205,7 @@ def test_episode_and_task_pages(server, lake):
      "must be one condition"),
     ("/episodes?" + urllib.parse.urlencode({"where": "1=1); DROP VIEW trajectories; SELECT (1"}), 400,
      "must be one condition"),
+    ("/episodes?" + urllib.parse.urlencode({"where": "1=1) --"}), 400, "does not parse"),
     ("/episodes?" + urllib.parse.urlencode({"where": "trajectory_id IN (SELECT content FROM read_text('/etc/passwd'))"}),
      400, "Permission"),
 ])
@@ -320,3 +321,51 @@ def test_a_corrupt_file_is_skipped_and_left_in_place(lake, tmp_path):
         s.stop()
     assert bad.exists() and not (root / "quarantine").exists()
     assert "skipping corrupt lake file" in s.log_path.read_text()
+
+
+def _same_pages(root: str, combos: list[dict]) -> int:
+    """Compare episode_list's rows (page_rows: bounded in two steps) with the straightforward one-statement page
+    of list_sql for every combination; returns how many non-empty pages were compared."""
+    from warehouse.viewer import EpisodeQuery, episode_list, list_sql, open_view
+
+    con = open_view(root)
+    compared = 0
+    try:
+        for c in combos:
+            q = EpisodeQuery(**c)
+            page_sql, count_sql, params = list_sql(con, q)
+            cur = con.execute(page_sql, params)
+            cols = [d[0] for d in cur.description]
+            want = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+            got = episode_list(con, q)
+            assert got["rows"] == want, c
+            assert got["total"] == con.execute(count_sql, params).fetchall()[0][0], c
+            compared += bool(want)
+    finally:
+        con.close()
+    return compared
+
+
+def test_the_bounded_page_query_answers_exactly_the_straightforward_rows(lake, tmp_path):
+    """On the run's lake and on a 400-row lake (benchmarks/warehouse.py's rows, the lake's writer): every sort
+    column both ways, ties (verdict, suite, reward, round), filters, hack code, a free WHERE, the first, middle,
+    last and past-the-end pages, and one past BOUND_MAX_ROWS."""
+    from benchmarks.warehouse import synthetic_trajectory
+    from warehouse.lake import write_trajectories
+    from warehouse.viewer import SORTABLE
+
+    big = str(tmp_path / "lake")
+    for start in (0, 200):
+        write_trajectories(big, [synthetic_trajectory(i, tasks_per_suite=20) for i in range(start, start + 200)])
+    flag = lake["hacked"]["hack_flags"][0]
+    narrows = [{}, {"filters": {"verdict": "fail"}}, {"filters": {"source": "student", "round": "2"}},
+               {"where": "prompt_tokens > 600 OR verdict = 'pass'"}]
+    combos = [{**n, "sort": s, "desc": d, "page": p, "per_page": 25}
+              for n in narrows for s in sorted(SORTABLE) for d, pages in ((True, (1, 16)), (False, (5, 17)))
+              for p in pages]
+    combos.append({"page": 501, "per_page": 200})  # past BOUND_MAX_ROWS: the plain page
+    assert _same_pages(big, combos) > len(combos) // 3
+    small = [{**n, "sort": s, "desc": d, "page": p, "per_page": 25}
+             for n in ({}, {"filters": {"verdict": "hack"}, "hack": flag}, {"where": "n_tool_calls > 0"})
+             for s in ("reward", "verdict", "created_at", "task_id") for d in (True, False) for p in (1, 2)]
+    assert _same_pages(lake["root"], small) > len(small) // 2
