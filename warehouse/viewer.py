@@ -427,8 +427,11 @@ def snapshot_page(con: duckdb.DuckDBPyConnection, snapshot_id: str) -> dict[str,
     include_earlier = bool((snap["config"] or {}).get("include_earlier_rounds", True))
     op = "<=" if include_earlier else "="
     # The lake keeps counts per drop reason, not each row's reason: link the candidates that were not selected.
+    # The link is a free WHERE the person sees and may edit, so it carries the id as text: snapshot ids are
+    # partition-safe names (letters, digits, '.', '_', '-'), and any other id gets no link rather than an escape.
     snap["left_out_where"] = (f"round {op} {int(snap['round'])} AND trajectory_id NOT IN (SELECT trajectory_id "
-                              f"FROM manifests WHERE snapshot_id = '{snapshot_id.replace(chr(39), chr(39) * 2)}')")
+                              f"FROM manifests WHERE snapshot_id = '{snapshot_id}')"
+                              if re.fullmatch(r"[A-Za-z0-9._-]{1,200}", snapshot_id) else None)
     # A (source, verdict) pair whose left-out rows all share one reason links to exactly those rows.
     table = snap["counts"].get("table") or []
     reasons: dict[tuple[str, str], set[str]] = {}
