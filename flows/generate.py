@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
@@ -125,9 +125,10 @@ def preflight(cfg: FlywheelConfig) -> None:
 
 @flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=2))
 def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | None = None,
-                  n_tasks: int | None = None, samples: int | None = None, teacher_kind: str | None = None,
+                  n_tasks: int | None = None, samples: int | None = None,
+                  teacher_kind: Literal["reference", "openai", "transformers", "vllm"] | None = None,
                   teacher_model: str | None = None, teacher_endpoint: str | None = None,
-                  backend: str | None = None, overrides: list[str] | None = None) -> GenerateSummary:
+                  backend: Literal["auto", "docker", "local"] | None = None, overrides: list[str] | None = None) -> GenerateSummary:
     """Roll the teacher out on a suite and land verified trajectories in the lake.
 
     Args:

@@ -2,9 +2,12 @@
 
 One long-running process (`prefect.serve`) registers a deployment per flow (generate, curate, train-sft,
 train-grpo, evaluate, flywheel), with the cron or interval schedule of the `[serve]` config section, and runs every flow run that the
-schedules, the UI's Run button or the API create for them. Each run's parameters are the flow's pydantic config
-model, so the UI shows a typed form whose defaults are the config `serve` was started with. Adding a flow is one
-line in `SERVED`. The flow itself chooses its task runner (threads or Ray) from its parameters at run time
+schedules, the UI's Run button or the API create for them. The config `serve` was started with is the base of
+every run: it is the default of the flow's `cfg` parameter, stored in the deployment and left out of the run form
+(`run_form`), so it reaches every run however the run was made (UI, `prefect deployment run`, schedule, a work
+pool's worker on another machine), with no file or side channel to keep in step. The form shows only the flow's
+few plain parameters (flows/config.py's RUN_PARAMETERS, served values as defaults) and `overrides`, which the
+flow lays over the served config (`run_config_of`). Adding a flow is one line in `SERVED`. The flow itself chooses its task runner (threads or Ray) from its parameters at run time
 (flows/runners.py), so a run triggered from the UI can ask for Ray.
 
 This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a

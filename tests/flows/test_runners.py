@@ -126,6 +126,21 @@ def test_run_parameters_and_overrides_lay_over_the_served_config():
         run_config(served, {}, ["serve.limit=4"])
 
 
+def test_flywheel_run_parameters_set_their_keys():
+    from flows.config import SuiteStep
+    from flows.serve import run_config_of, served_parameters
+
+    served = FlywheelConfig.model_validate({"sft": {"max_steps": 7}})
+    params = served_parameters(served, "flywheel")
+    assert (params["rounds"], params["grpo"], params["student_base"]) == (2, False, "tiny")
+    assert params["suites"] == served.model_dump(mode="json")["flywheel"]["suites"] and params["overrides"] == []
+    cfg = run_config_of(served, "flywheel", {"rounds": 1, "suites": [SuiteStep(suite="arithmetic", train_tasks=8)],
+                                             "student_base": None, "grpo": True}, ["sft.learning_rate=1e-3"])
+    assert (cfg.flywheel.rounds, cfg.flywheel.grpo, cfg.student.base) == (1, True, "tiny")
+    assert [s.train_tasks for s in cfg.flywheel.suites] == [8]
+    assert (cfg.sft.max_steps, cfg.sft.learning_rate) == (7, 1e-3)
+
+
 @pytest.mark.parametrize("expr,ok", [
     ("0 3 * * *", True), ("*/30 * * * *", True), ("0 9-17/2 * * mon-fri", True), ("5,35 0 1 jan,jul sun", True),
     ("0 0 29 2 7", True), ("every day", False), ("0 3 * *", False), ("60 * * * *", False), ("0 24 * * *", False),
