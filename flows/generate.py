@@ -128,7 +128,8 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
                   n_tasks: int | None = None, samples: int | None = None,
                   teacher_kind: Literal["reference", "openai", "transformers", "vllm"] | None = None,
                   teacher_model: str | None = None, teacher_endpoint: str | None = None,
-                  backend: Literal["auto", "docker", "local"] | None = None, overrides: list[str] | None = None) -> GenerateSummary:
+                  backend: Literal["auto", "docker", "local"] | None = None,
+                  overrides: list[str] | None = None) -> GenerateSummary:
     """Roll the teacher out on a suite and land verified trajectories in the lake.
 
     Args:

@@ -7,8 +7,9 @@ every run: it is the default of the flow's `cfg` parameter, stored in the deploy
 (`run_form`), so it reaches every run however the run was made (UI, `prefect deployment run`, schedule, a work
 pool's worker on another machine), with no file or side channel to keep in step. The form shows only the flow's
 few plain parameters (flows/config.py's RUN_PARAMETERS, served values as defaults) and `overrides`, which the
-flow lays over the served config (`run_config_of`). Adding a flow is one line in `SERVED`. The flow itself chooses its task runner (threads or Ray) from its parameters at run time
-(flows/runners.py), so a run triggered from the UI can ask for Ray.
+flow lays over the served config (`run_config_of`). Adding a flow is one line in `SERVED`. The flow itself
+chooses its task runner (threads or Ray) from its parameters at run time (flows/runners.py), so a run triggered
+from the UI can ask for Ray (overrides=["run.ray_address=auto"]).
 
 This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a
 work-pool deployment see docs/operating.md). Its `[serve]` section (ServeConfig, ScheduleConfig) lives in
