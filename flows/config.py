@@ -358,13 +358,53 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if overrides:
         origin = f"{origin} (with overrides)" if path else "the overrides"
     _check_keys(data, origin)
+    return _validated(FlywheelConfig().model_dump(mode="json"), data, origin)
+
+
+def _validated(base: dict[str, Any], data: dict[str, Any], origin: str) -> FlywheelConfig:
     try:
-        return FlywheelConfig.model_validate(_merge(FlywheelConfig().model_dump(mode="json"), data))
+        return FlywheelConfig.model_validate(_merge(base, data))
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
         raise ConfigError(f"config value '{loc}' in {origin} is invalid: {err['msg']} "
                           f"(got {err.get('input')!r})") from None
+
+
+# The plain parameters of each served flow's run form: parameter -> the config key it sets (flows/serve.py shows
+# the served value as the form's default; the flow lays the values over the served config, then `overrides`).
+RUN_PARAMETERS: dict[str, dict[str, str]] = {
+    "generate": {"suite": "generate.suite", "split": "generate.split", "n_tasks": "generate.n_tasks",
+                 "samples": "generate.samples", "teacher_kind": "teacher.kind", "teacher_model": "teacher.model",
+                 "teacher_endpoint": "teacher.base_url", "backend": "sandbox.backend"},
+    "flywheel": {"rounds": "flywheel.rounds", "suites": "flywheel.suites", "student_base": "student.base",
+                 "grpo": "flywheel.grpo"},
+    "curate": {}, "train_sft": {}, "train_grpo": {}, "evaluate": {},
+}
+
+
+def run_config(cfg: FlywheelConfig, values: dict[str, Any], overrides: list[str] | None = None) -> FlywheelConfig:
+    """The config of one run: `values` (config key -> value; None keeps the config's) and then the
+    `section.key=value` overrides laid over `cfg` (the served config). ConfigError names a bad key or value; the
+    [serve] section belongs to the serve process and cannot change per run."""
+    origin = "the run's parameters"
+    data: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is not None:
+            *path, leaf = key.split(".")
+            node = data
+            for p in path:
+                node = node.setdefault(p, {})
+            node[leaf] = value.model_dump(mode="json") if isinstance(value, BaseModel) else (
+                [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
+                if isinstance(value, list) else value)
+    for o in overrides or []:
+        apply_override(data, o)
+    if "serve" in data:
+        raise ConfigError("override of [serve] in the run's parameters: the serve section configures `flywheel "
+                          "serve`, not a run; change it in the served config and restart serve")
+    _check_keys(data, origin)
+    return _validated(cfg.model_dump(mode="json"), data, origin) if data else cfg
 
 
 def save_config(cfg: FlywheelConfig, root: str, run_id: str, name: str = "config.toml") -> str:

@@ -34,8 +34,20 @@ def evaluate_task(cfg: FlywheelConfig, model: str, run_id: str, round: int, name
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(cfg: FlywheelConfig, model: str, run_id: str = "eval", round: int = 0,
-                  name: str = "eval") -> list[dict[str, Any]]:
-    """Held-out pass@1 of `model` (a folder or hub id) on every suite of cfg.flywheel.suites."""
+                  name: str = "eval", overrides: list[str] | None = None) -> list[dict[str, Any]]:
+    """Held-out pass@1 of `model` (a folder or hub id) on every suite of cfg.flywheel.suites.
+
+    Args:
+        cfg: The config (lake root, suites, sandbox); a deployment fills it with the served config.
+        model: The model to score: a folder or a hub id.
+        run_id: The run id its score rows are recorded under.
+        round: The round its score rows are recorded under.
+        name: The policy name on its rows.
+        overrides: Config keys as section.key=value (e.g. generate.concurrency=4), laid over the served config.
+    """
+    from flows.serve import run_config_of
+
+    cfg = run_config_of(cfg, "evaluate", {}, overrides)
     scores = evaluate_task(cfg, model, run_id, round, name)
     create_table_artifact(key="evaluate-scores", table=[{"suite": m["suite"], "pass@1": m["value"]}
                                                         for m in scores], description=f"held-out pass@1 of {model}")

@@ -425,8 +425,26 @@ def _stage(ledger: Ledger, round: int, name: str, fn, *args) -> dict[str, Any]:
 
 
 @flow(name="flywheel", log_prints=True)
-def flywheel_flow(cfg: FlywheelConfig, resume: bool = False) -> FlywheelSummary:
-    """Rounds of teacher -> curate -> SFT -> GRPO -> student re-rollout, then the report."""
+def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None = None,
+                  suites: list[SuiteStep] | None = None, student_base: str | None = None, grpo: bool | None = None,
+                  overrides: list[str] | None = None) -> FlywheelSummary:
+    """Rounds of teacher -> curate -> SFT -> GRPO -> student re-rollout, then the report.
+
+    Args:
+        cfg: The run's config, one section per stage; a deployment fills it with the served config and keeps it
+            out of the run form.
+        resume: Continue the run of run.run_id (set it in overrides) from its last finished stage.
+        rounds: Rounds of teacher -> curate -> SFT -> GRPO -> student.
+        suites: The schedule: each suite with the round it joins training and its task counts.
+        student_base: The base student: 'tiny' (built from the task corpus) or a model folder / hub id.
+        grpo: Run GRPO after SFT in each round.
+        overrides: Any other config key, as section.key=value (e.g. sft.max_steps=200, run.run_id=fw-1), laid
+            over the served config after the fields above.
+    """
+    from flows.serve import run_config_of
+
+    cfg = run_config_of(cfg, "flywheel", {"rounds": rounds, "suites": suites, "student_base": student_base,
+                                          "grpo": grpo}, overrides)
     from flows.config import save_config
     from warehouse.lake import compact
     from warehouse.report import build_report, heldout_table

@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
@@ -124,13 +124,34 @@ def preflight(cfg: FlywheelConfig) -> None:
 
 
 @flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=2))
-def generate_flow(cfg: FlywheelConfig) -> GenerateSummary:
+def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | None = None,
+                  n_tasks: int | None = None, samples: int | None = None,
+                  teacher_kind: Literal["reference", "openai", "transformers", "vllm"] | None = None,
+                  teacher_model: str | None = None, teacher_endpoint: str | None = None,
+                  backend: Literal["auto", "docker", "local"] | None = None,
+                  overrides: list[str] | None = None) -> GenerateSummary:
     """Roll the teacher out on a suite and land verified trajectories in the lake.
 
     Args:
         cfg: The run's config: [generate] picks suite, split, tasks and samples, [teacher] the policy, [sandbox]
-            the backend, [run] the lake root, run id (reuse it to resume) and task runner (ray_address).
+            the backend, [run] the lake root, run id (reuse it to resume) and task runner (ray_address). A
+            deployment fills it with the served config and keeps it out of the run form.
+        suite: Built-in suite name (arithmetic, ...) or a task file (.jsonl/.parquet).
+        split: Split of the suite: train or heldout.
+        n_tasks: How many tasks to draw from the suite.
+        samples: Episodes per task.
+        teacher_kind: What serves the teacher: reference (offline replay), openai, transformers or vllm.
+        teacher_model: Served model name (openai/vllm) or model folder / hub id (transformers).
+        teacher_endpoint: OpenAI-compatible base URL of the teacher, e.g. http://127.0.0.1:8000/v1.
+        backend: Sandbox backend: auto (Docker when an engine answers, else local), docker or local.
+        overrides: Any other config key, as section.key=value (e.g. generate.concurrency=4, run.run_id=gen-1),
+            laid over the served config after the fields above.
     """
+    from flows.serve import run_config_of
+
+    cfg = run_config_of(cfg, "generate", {"suite": suite, "split": split, "n_tasks": n_tasks, "samples": samples,
+                                          "teacher_kind": teacher_kind, "teacher_model": teacher_model,
+                                          "teacher_endpoint": teacher_endpoint, "backend": backend}, overrides)
     from flows.config import save_config
     from warehouse.lake import compact
     from warehouse.query import query

@@ -2,10 +2,14 @@
 
 One long-running process (`prefect.serve`) registers a deployment per flow (generate, curate, train-sft,
 train-grpo, evaluate, flywheel), with the cron or interval schedule of the `[serve]` config section, and runs every flow run that the
-schedules, the UI's Run button or the API create for them. Each run's parameters are the flow's pydantic config
-model, so the UI shows a typed form whose defaults are the config `serve` was started with. Adding a flow is one
-line in `SERVED`. The flow itself chooses its task runner (threads or Ray) from its parameters at run time
-(flows/runners.py), so a run triggered from the UI can ask for Ray.
+schedules, the UI's Run button or the API create for them. The config `serve` was started with is the base of
+every run: it is the default of the flow's `cfg` parameter, stored in the deployment and left out of the run form
+(`run_form`), so it reaches every run however the run was made (UI, `prefect deployment run`, schedule, a work
+pool's worker on another machine), with no file or side channel to keep in step. The form shows only the flow's
+few plain parameters (flows/config.py's RUN_PARAMETERS, served values as defaults) and `overrides`, which the
+flow lays over the served config (`run_config_of`). Adding a flow is one line in `SERVED`. The flow itself
+chooses its task runner (threads or Ray) from its parameters at run time (flows/runners.py), so a run triggered
+from the UI can ask for Ray (overrides=["run.ray_address=auto"]).
 
 This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a
 work-pool deployment see docs/operating.md). Its `[serve]` section (ServeConfig, ScheduleConfig) lives in
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +27,16 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.config import SERVED_FLOWS, FlywheelConfig, ScheduleConfig, ServeConfig, load_config
+from flows.config import (
+    RUN_PARAMETERS,
+    SERVED_FLOWS,
+    ConfigError,
+    FlywheelConfig,
+    ScheduleConfig,
+    ServeConfig,
+    load_config,
+    run_config,
+)
 
 
 class ServeError(RuntimeError):
@@ -33,23 +45,82 @@ class ServeError(RuntimeError):
 
 # --- what is served ----------------------------------------------------------------------------------------------
 
-def cfg_parameters(cfg: FlywheelConfig) -> dict[str, Any]:
-    """Default parameters of a flow whose one parameter is `cfg: FlywheelConfig`: the served config, as JSON.
-
-    The `[serve]` section itself is left out (it is about the serve process, not about a run)."""
+def served_parameters(cfg: FlywheelConfig, flow: str) -> dict[str, Any]:
+    """A deployment's default parameters: `cfg` = the served config as JSON ([serve] left out: it is about the
+    serve process, not a run; kept out of the form by `run_form`), each plain run parameter = its served value,
+    and no overrides."""
     data = cfg.model_dump(mode="json")
     data.pop("serve", None)
-    return {"cfg": data}
+    params: dict[str, Any] = {"cfg": data}
+    for param, key in RUN_PARAMETERS[flow].items():
+        section, field = key.split(".")
+        params[param] = data[section][field]
+    params["overrides"] = []
+    return params
+
+
+def _refs(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        own = {node["$ref"].rsplit("/", 1)[-1]} if isinstance(node.get("$ref"), str) else set()
+        return own.union(*(_refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+def run_form(schema: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The deployment's parameter schema as the UI's run form shows it: without `cfg` (the served config rides
+    along in the deployment's parameters), each plain parameter typed by its served value (no null toggle where
+    the served value is set) with that value as its default, and only the model definitions still used."""
+    props = {k: dict(v) for k, v in schema.get("properties", {}).items() if k != "cfg"}
+    for name, p in props.items():
+        if name in defaults:
+            p["default"] = defaults[name]
+        kinds = p.get("anyOf")
+        if kinds and defaults.get(name) is not None:
+            rest = [k for k in kinds if k.get("type") != "null"]
+            if len(rest) == 1:
+                del p["anyOf"]
+                p.update(rest[0])
+    defs = dict(schema.get("definitions", {}))
+    used, todo = set(), _refs(props)
+    while todo:
+        name = todo.pop()
+        if name not in used and name in defs:
+            used.add(name)
+            todo |= _refs(defs[name])
+    return {**schema, "properties": props, "required": [r for r in schema.get("required", []) if r != "cfg"],
+            "definitions": {k: v for k, v in defs.items() if k in used}}
+
+
+def run_config_of(cfg: FlywheelConfig, flow: str, params: dict[str, Any],
+                  overrides: list[str] | None) -> FlywheelConfig:
+    """The config a flow run uses: its plain parameters (RUN_PARAMETERS[flow]), then its `overrides`, laid over
+    `cfg`, the served config in a deployment run (its hidden `cfg` parameter) or the CLI's. ConfigError names a
+    bad key. In a deployment run a `cfg` that lacks sections was replaced by hand (`--param cfg=...`) and would
+    drop the served config's values for the defaults: refused, naming the parameters to use instead."""
+    from prefect.runtime import deployment
+
+    if deployment.id is not None:
+        missing = [s for s in FlywheelConfig.model_fields if s != "serve" and s not in cfg.model_fields_set]
+        if missing:
+            raise ConfigError(
+                f"parameter cfg of deployment {deployment.name} holds the served config; this run passed one "
+                f"without [{'], ['.join(missing)}], which would replace the served values by the defaults: drop "
+                f"cfg and pass the run's own parameters ({', '.join([*RUN_PARAMETERS[flow], 'overrides'])}), e.g. "
+                "--param n_tasks=12 or --param 'overrides=[\"generate.concurrency=4\"]'")
+    keys = RUN_PARAMETERS[flow]
+    return run_config(cfg, {keys[k]: v for k, v in params.items()}, overrides)
 
 
 @dataclass(frozen=True)
 class Served:
-    """One deployable flow: its name (also the [serve] schedule key), `module:attribute`, and its defaults."""
+    """One deployable flow: its name (also the [serve] schedule key and the RUN_PARAMETERS key), `module:attribute`
+    and a description."""
 
     name: str
     target: str
     description: str
-    parameters: Callable[[FlywheelConfig], dict[str, Any]] = cfg_parameters
 
 
 SERVED: list[Served] = [
@@ -124,6 +195,7 @@ def build_deployments(cfg: FlywheelConfig, serve_cfg: ServeConfig, flows: list[s
     A flow that cannot be imported is a ServeError unless `skip_missing` (then it is logged and left out)."""
     from prefect.logging import get_logger
     from prefect.types.entrypoint import EntrypointType
+    from prefect.utilities.callables import ParameterSchema
 
     logger = get_logger("flywheel.serve")
     wanted = flows or serve_cfg.flows
@@ -142,17 +214,20 @@ def build_deployments(cfg: FlywheelConfig, serve_cfg: ServeConfig, flows: list[s
             logger.warning("skipping %s: %s", name, e)
             continue
         sched = serve_cfg.schedule(name)
+        params = served_parameters(cfg, name)
         dep = flow.to_deployment(
             name=serve_cfg.name,
             schedules=_schedules(sched) or None,
-            parameters=entry.parameters(cfg),
+            parameters=params,
             description=f"{entry.description}\n\n{(flow.description or '').strip()}".strip(),
             tags=list(serve_cfg.tags),
             concurrency_limit=serve_cfg.concurrency_per_flow,
             enforce_parameter_schema=True,
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
-        schema = dep._parameter_openapi_schema.model_dump_for_openapi()
+        schema = run_form(dep._parameter_openapi_schema.model_dump_for_openapi(),
+                          {k: v for k, v in params.items() if k != "cfg"})
+        dep._parameter_openapi_schema = ParameterSchema.model_validate(schema)
         problems = parameter_form_problems(schema)
         if problems:
             logger.warning("deployment %s/%s: its UI form is incomplete: %s", flow.name, serve_cfg.name,

@@ -19,12 +19,35 @@ def _parent(model: str) -> dict[str, Any]:
 
 
 @flow(name="train-sft", log_prints=True)
-def train_sft_flow(cfg: FlywheelConfig, model: str, snapshot_id: str, run_id: str, round: int = 1) -> dict[str, Any]:
-    """SFT of `model` (a folder or hub id) on snapshot `snapshot_id`; the checkpoint lands in ROOT/models."""
-    return stage_sft(cfg, run_id, round, _parent(model), snapshot_id)
+def train_sft_flow(cfg: FlywheelConfig, model: str, snapshot_id: str, run_id: str, round: int = 1,
+                   overrides: list[str] | None = None) -> dict[str, Any]:
+    """SFT of `model` (a folder or hub id) on snapshot `snapshot_id`; the checkpoint lands in ROOT/models.
+
+    Args:
+        cfg: The config (lake root, [sft] recipe); a deployment fills it with the served config.
+        model: The model to fine-tune: a folder or a hub id.
+        snapshot_id: The training snapshot (from curate) to fine-tune on.
+        run_id: The run the checkpoint is registered under.
+        round: The round the checkpoint is registered under.
+        overrides: Config keys as section.key=value (e.g. sft.max_steps=200), laid over the served config.
+    """
+    from flows.serve import run_config_of
+
+    return stage_sft(run_config_of(cfg, "train_sft", {}, overrides), run_id, round, _parent(model), snapshot_id)
 
 
 @flow(name="train-grpo", log_prints=True)
-def train_grpo_flow(cfg: FlywheelConfig, model: str, run_id: str, round: int = 1) -> dict[str, Any]:
-    """GRPO of `model` on the train tasks of the schedule's suites up to `round` that still give signal."""
-    return stage_grpo(cfg, run_id, round, _parent(model))
+def train_grpo_flow(cfg: FlywheelConfig, model: str, run_id: str, round: int = 1,
+                    overrides: list[str] | None = None) -> dict[str, Any]:
+    """GRPO of `model` on the train tasks of the schedule's suites up to `round` that still give signal.
+
+    Args:
+        cfg: The config (lake root, suites, [grpo] recipe); a deployment fills it with the served config.
+        model: The model to improve: a folder or a hub id.
+        run_id: The run the checkpoint is registered under.
+        round: Suites joining up to this round give the tasks.
+        overrides: Config keys as section.key=value (e.g. grpo.max_steps=4), laid over the served config.
+    """
+    from flows.serve import run_config_of
+
+    return stage_grpo(run_config_of(cfg, "train_grpo", {}, overrides), run_id, round, _parent(model))

@@ -6,6 +6,7 @@ Fast tests need no server. The `slow` ones run real flows against the session's 
 
 from __future__ import annotations
 
+import json
 import pickle
 import socket
 import sys
@@ -82,11 +83,60 @@ def test_generate_deployment_schedule_entrypoint_and_form():
     assert dep.entrypoint == "flows.generate.generate_flow"  # a module path: works from any directory
     (sched,) = dep.schedules
     assert sched.schedule.cron == "30 2 * * *" and sched.schedule.timezone == "Europe/Paris"
-    assert dep.parameters["cfg"]["generate"]["n_tasks"] == 3
+    assert dep.parameters["cfg"]["generate"]["n_tasks"] == 3  # the served config rides along, hidden
+    assert "serve" not in dep.parameters["cfg"]
     schema = dep._parameter_openapi_schema.model_dump_for_openapi()
-    assert schema["properties"]["cfg"]["$ref"].endswith("/FlywheelConfig")
-    assert schema["definitions"]["GenerateConfig"]["properties"]["n_tasks"]["description"]
+    assert list(schema["properties"]) == ["suite", "split", "n_tasks", "samples", "teacher_kind", "teacher_model",
+                                          "teacher_endpoint", "backend", "overrides"]
+    assert schema.get("definitions", {}) == {} and "cfg" not in schema.get("required", [])
+    n = schema["properties"]["n_tasks"]
+    assert n["type"] == "integer" and n["default"] == dep.parameters["n_tasks"] == 3 and n["description"]
+    assert "anyOf" not in n  # served value set: no null toggle
+    assert schema["properties"]["overrides"]["items"] == {"type": "string"}
+    assert not parameter_form_problems(schema)
     assert dep.enforce_parameter_schema
+
+
+def test_every_run_form_is_small_and_has_no_serve_settings():
+    for dep in build_deployments(FlywheelConfig(), ServeConfig()):
+        schema = dep._parameter_openapi_schema.model_dump_for_openapi()
+        text = json.dumps(schema)
+        assert "cfg" not in schema["properties"] and "ServeConfig" not in text and "FlywheelConfig" not in text
+        assert len(schema["properties"]) <= 9 and "overrides" in schema["properties"], dep.flow_name
+        assert set(schema.get("definitions", {})) <= {"SuiteStep"}, dep.flow_name
+
+
+def test_run_parameters_and_overrides_lay_over_the_served_config():
+    from flows.config import ConfigError, run_config
+
+    served = FlywheelConfig.model_validate({"run": {"out": "/lake"}, "generate": {"n_tasks": 2, "samples": 1}})
+    cfg = run_config(served, {"generate.n_tasks": 12, "generate.split": None}, ["generate.concurrency=3"])
+    assert (cfg.generate.n_tasks, cfg.generate.samples, cfg.generate.concurrency) == (12, 1, 3)
+    assert cfg.run.out == "/lake" and cfg.generate.split == served.generate.split
+    assert run_config(served, {"generate.n_tasks": 12}, ["generate.n_tasks=5"]).generate.n_tasks == 5  # last wins
+    with pytest.raises(ConfigError, match="unknown config key 'generate.ntasks'"):
+        run_config(served, {}, ["generate.ntasks=5"])
+    with pytest.raises(ConfigError, match="config value 'generate.n_tasks' .* is invalid"):
+        run_config(served, {"generate.n_tasks": 0}, [])
+    with pytest.raises(ConfigError, match="not of the form section.key=value"):
+        run_config(served, {}, ["n_tasks"])
+    with pytest.raises(ConfigError, match=r"override of \[serve\]"):
+        run_config(served, {}, ["serve.limit=4"])
+
+
+def test_flywheel_run_parameters_set_their_keys():
+    from flows.config import SuiteStep
+    from flows.serve import run_config_of, served_parameters
+
+    served = FlywheelConfig.model_validate({"sft": {"max_steps": 7}})
+    params = served_parameters(served, "flywheel")
+    assert (params["rounds"], params["grpo"], params["student_base"]) == (2, False, "tiny")
+    assert params["suites"] == served.model_dump(mode="json")["flywheel"]["suites"] and params["overrides"] == []
+    cfg = run_config_of(served, "flywheel", {"rounds": 1, "suites": [SuiteStep(suite="arithmetic", train_tasks=8)],
+                                             "student_base": None, "grpo": True}, ["sft.learning_rate=1e-3"])
+    assert (cfg.flywheel.rounds, cfg.flywheel.grpo, cfg.student.base) == (1, True, "tiny")
+    assert [s.train_tasks for s in cfg.flywheel.suites] == [8]
+    assert (cfg.sft.max_steps, cfg.sft.learning_rate) == (7, 1e-3)
 
 
 @pytest.mark.parametrize("expr,ok", [

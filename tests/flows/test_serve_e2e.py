@@ -1,5 +1,6 @@
-"""End to end through a real Prefect server: `flywheel serve` in the background, a run of the generate deployment
-created exactly as the UI's Run button does (custom parameters through the API), Completed, artifacts, rows.
+"""End to end through a real Prefect server: `flywheel serve` in the background, runs of the generate deployment
+created as a user does (`prefect deployment run generate/flywheel --param n_tasks=3`): Completed with the served
+config's other values, artifacts, rows in the served lake; bad overrides and a partial `cfg` fail naming the key.
 
 The server is the session's (conftest.prefect_api, loopback). `flywheel serve` runs in its own process group from
 another working directory (the deployments' module entrypoints must not depend on it) and is killed by that group
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,21 +92,23 @@ def wait_for_final_state(client, flow_run_id, log_path: Path, timeout_s: float =
         time.sleep(1)
 
 
-def ui_custom_parameters(deployment, **changes) -> dict:
-    """What the UI's Run > Custom run form submits: the deployment's defaults with the fields the user edited."""
-    params = json.loads(json.dumps(deployment.parameters))
-    for dotted, value in changes.items():
-        node = params["cfg"]
-        *path, leaf = dotted.split("__")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
-    return params
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+def deployment_run(api_url: str, *params: str) -> str:
+    """`prefect deployment run generate/flywheel --param K=V ...` as a user types it; returns the flow run id."""
+    argv = [PREFECT, "deployment", "run", DEPLOYMENT, *(a for p in params for a in ("--param", p))]
+    done = subprocess.run(argv, env={**os.environ, "PREFECT_API_URL": api_url}, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    m = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout)
+    assert m, done.stdout
+    return m.group(1)
 
 
 @pytest.fixture(scope="module")
 def served_run(prefect_api, tmp_path_factory):
-    """Serve generate, trigger one custom run through the API, wait for it; yields what the tests check."""
+    """Serve generate, trigger one run with `prefect deployment run --param n_tasks=3`, wait for it."""
     from prefect.client.orchestration import get_client
 
     work = tmp_path_factory.mktemp("serve-e2e")
@@ -114,63 +118,105 @@ def served_run(prefect_api, tmp_path_factory):
         t0 = time.perf_counter()
         dep = wait_for_deployment(client, DEPLOYMENT, proc, log_path)
         t_registered = time.perf_counter() - t0
-        params = ui_custom_parameters(dep, generate__n_tasks=3, run__run_id="ui-custom-1")
-        fr = client.create_flow_run_from_deployment(dep.id, parameters=params)
-        run = wait_for_final_state(client, fr.id, log_path)
+        run_id = deployment_run(prefect_api, "n_tasks=3", 'overrides=["run.run_id=ui-custom-1"]')
+        run = wait_for_final_state(client, run_id, log_path)
         t_done = time.perf_counter() - t0
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
         print(f"deployment registered after {t_registered:.1f}s, run final after {t_done:.1f}s")
         yield {"deployment": dep, "run": run, "artifacts": artifacts, "lake": lake, "log": log_path,
-               "proc": proc}
+               "proc": proc, "cwd": work}
     assert proc.poll() is not None, "serve did not stop on SIGTERM/SIGKILL of its process group"
 
 
-def test_deployment_has_a_typed_form_and_the_schedule(served_run):
+def test_deployment_has_a_small_typed_form_and_the_schedule(served_run):
     dep = served_run["deployment"]
     schema = dep.parameter_openapi_schema
-    assert schema["properties"]["cfg"]["$ref"].endswith("/FlywheelConfig")
-    gen = schema["definitions"]["GenerateConfig"]["properties"]
-    assert gen["n_tasks"]["type"] == "integer" and gen["n_tasks"]["description"]
+    assert list(schema["properties"]) == ["suite", "split", "n_tasks", "samples", "teacher_kind", "teacher_model",
+                                          "teacher_endpoint", "backend", "overrides"]
+    n = schema["properties"]["n_tasks"]
+    assert n["type"] == "integer" and n["description"] and n["default"] == 2  # the served value
+    assert "cfg" not in schema["properties"] and not schema.get("definitions")
     assert dep.enforce_parameter_schema
-    assert dep.parameters["cfg"]["generate"]["n_tasks"] == 2  # the served config is the form's default
+    assert dep.parameters["cfg"]["generate"]["n_tasks"] == 2  # the served config rides along, out of the form
+    assert dep.parameters["cfg"]["run"]["out"] == str(served_run["lake"])
     (sched,) = dep.schedules
     assert sched.schedule.interval.total_seconds() == 86400 and sched.active is False
 
 
-def test_custom_run_completes_with_artifacts_and_queryable_rows(served_run):
+def test_param_n_tasks_completes_with_served_values_artifacts_and_rows(served_run):
     from warehouse.query import query
 
     run = served_run["run"]
     assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{served_run['log'].read_text()[-4000:]}"
-    assert run.parameters["cfg"]["generate"]["n_tasks"] == 3 and run.deployment_id == served_run["deployment"].id
+    assert run.parameters["n_tasks"] == 3 and run.deployment_id == served_run["deployment"].id
 
     keys = {a.key for a in served_run["artifacts"]}
     assert "generate-summary" in keys, keys
     summary = next(a for a in served_run["artifacts"] if a.key == "generate-summary")
     table = json.loads(summary.data) if isinstance(summary.data, str) else summary.data
-    assert sum(r["episodes"] for r in table) == 3
+    assert sum(r["episodes"] for r in table) == 3  # 3 tasks x the served samples = 1
 
-    rows = query(str(served_run["lake"]), "SELECT trajectory_id, verdict, round FROM trajectories "
+    # in the served lake (not runs/default under serve's working directory), with the served samples
+    assert not (served_run["cwd"] / "runs").exists()
+    rows = query(str(served_run["lake"]), "SELECT trajectory_id, verdict, sample_index FROM trajectories "
                                           "WHERE run_id = 'ui-custom-1'").to_pylist()
     assert len(rows) == 3 and len({r["trajectory_id"] for r in rows}) == 3
-    assert all(r["verdict"] for r in rows)
+    assert all(r["verdict"] for r in rows) and {r["sample_index"] for r in rows} == {0}
+    saved = (served_run["lake"] / "runs" / "ui-custom-1" / "config.toml").read_text()
+    assert "n_tasks = 3" in saved and "samples = 1" in saved and "seed = 1" in saved
 
 
 def test_a_second_run_of_the_same_run_id_writes_no_duplicates(served_run, prefect_api):
-    """Resume semantics through the deployment: the same custom parameters again add no rows."""
+    """Resume semantics through the deployment: the same parameters again add no rows."""
     from prefect.client.orchestration import get_client
 
     from warehouse.query import query
 
+    if served_run["proc"].poll() is not None:
+        pytest.fail("serve exited before the second run")
+    run_id = deployment_run(prefect_api, "n_tasks=3", 'overrides=["run.run_id=ui-custom-1"]')
     with get_client(sync_client=True) as client:
-        dep = served_run["deployment"]
-        if served_run["proc"].poll() is not None:
-            pytest.fail("serve exited before the second run")
-        fr = client.create_flow_run_from_deployment(
-            dep.id, parameters=ui_custom_parameters(dep, generate__n_tasks=3, run__run_id="ui-custom-1"))
-        run = wait_for_final_state(client, fr.id, served_run["log"])
+        run = wait_for_final_state(client, run_id, served_run["log"])
     assert run.state.is_completed()
     n = query(str(served_run["lake"]), "SELECT count(*) AS n FROM trajectories WHERE run_id = 'ui-custom-1'")
     assert n.to_pylist()[0]["n"] == 3
+
+
+@pytest.mark.parametrize("bad_id,param,said", [
+    ("ui-bad-1", 'overrides=["generate.ntasks=5", "run.run_id=ui-bad-1"]', "unknown config key 'generate.ntasks'"),
+    ("ui-bad-2", 'overrides=["serve.limit=4", "run.run_id=ui-bad-2"]', "override of [serve]"),
+])
+def test_a_bad_override_or_a_partial_cfg_fails_the_run_naming_it(served_run, prefect_api, bad_id, param, said):
+    from prefect.client.orchestration import get_client
+
+    if served_run["proc"].poll() is not None:
+        pytest.fail("serve exited before the run")
+    run_id = deployment_run(prefect_api, param)
+    with get_client(sync_client=True) as client:
+        run = wait_for_final_state(client, run_id, served_run["log"], timeout_s=120)
+        assert run.state.is_failed(), run.state_name
+        message = str(run.state.result(raise_on_failure=False))
+    assert said in message, message
+    assert not (served_run["lake"] / "runs" / bad_id).exists()  # refused before anything was written
+
+
+def test_a_partial_cfg_is_refused_by_the_cli_and_fails_a_run_made_through_the_api(served_run, prefect_api):
+    """`--param cfg=...` (the issue's run that silently dropped the served config) is refused at creation: cfg is
+    not a parameter of the form. Through the API, where nothing checks names, the run fails before writing."""
+    from prefect.client.orchestration import get_client
+
+    argv = [PREFECT, "deployment", "run", DEPLOYMENT, "--param", 'cfg={"generate": {"n_tasks": 12}}']
+    done = subprocess.run(argv, env={**os.environ, "PREFECT_API_URL": prefect_api}, capture_output=True,
+                          text=True, check=False, timeout=120)
+    assert done.returncode != 0 and "not found on the deployment: 'cfg'" in done.stdout + done.stderr
+    with get_client(sync_client=True) as client:
+        fr = client.create_flow_run_from_deployment(
+            served_run["deployment"].id, parameters={"cfg": {"generate": {"n_tasks": 12},
+                                                             "run": {"run_id": "ui-bad-3"}}})
+        run = wait_for_final_state(client, fr.id, served_run["log"], timeout_s=120)
+        assert run.state.is_failed(), run.state_name
+        message = str(run.state.result(raise_on_failure=False))
+    assert "holds the served config" in message and "--param n_tasks=12" in message, message
+    assert not (served_run["lake"] / "runs" / "ui-bad-3").exists()

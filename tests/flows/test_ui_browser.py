@@ -70,8 +70,7 @@ def _serve_and_run(prefect_api: str, work: Path):
                     if proc.poll() is not None or time.time() > deadline:
                         raise AssertionError(f"no deployment; serve log:\n{log_path.read_text()[-4000:]}")
                     time.sleep(1)
-            params = json.loads(json.dumps(dep.parameters))
-            params["cfg"]["run"]["run_id"] = "ui-browser-1"
+            params = {"overrides": ["run.run_id=ui-browser-1"]}  # the form's edit; the served config rides along
             fr = client.create_flow_run_from_deployment(dep.id, parameters=params)
             deadline = time.time() + 400
             while not (run := client.read_flow_run(fr.id)).state.is_final():
@@ -103,10 +102,19 @@ def test_ui_shows_deployment_and_report_artifact(prefect_api, browser, tmp_path)
         browser.wait_for_text("flywheel", "Run", timeout_s=60)
         shots.append(browser.screenshot(tmp_path / "2-deployment.png"))
 
-        # the Run > Custom run page: a typed form built from the pydantic config, with descriptions and defaults
+        # the Run > Custom run page: the deployment's own few typed parameters, served values as defaults
         browser.goto(f"{ui}/deployments/deployment/{dep.id}/run")
-        browser.wait_for_text("N Tasks", "How many tasks to draw from the suite.", "Ray Address", timeout_s=60)
-        shots.append(browser.screenshot(tmp_path / "2b-run-form.png"))
+        body = browser.wait_for_text("n_tasks", "How many tasks to draw from the suite.", "overrides",
+                                     timeout_s=60)
+        time.sleep(1)  # let the form finish laying out
+        shots.append(browser.screenshot(tmp_path / "2b-run-form.png", full_page=True))
+        height = browser.eval("Math.max(...[...document.querySelectorAll('*')].map(e => e.scrollHeight))")
+        inputs = browser.eval("document.querySelectorAll('input, textarea, select, [contenteditable=true]').length")
+        print(f"run form: {height} px tall (viewport 1000 px), {inputs} inputs")
+        for gone in ("Ray Address", "Serve", "Concurrency Per Flow", "RunConfig", "FlywheelConfig", "Cfg"):
+            assert gone not in body, f"the run form shows {gone!r}: only the deployment's own parameters belong"
+        assert height <= 2000, f"the run form is {height} px tall: more than two 1000 px screens"
+        assert inputs <= 30, f"the run form has {inputs} inputs"
 
         browser.goto(f"{ui}/runs/flow-run/{run.id}")
         browser.wait_for_text(run.name, "Completed", timeout_s=60)
