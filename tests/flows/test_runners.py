@@ -332,13 +332,26 @@ def test_limits_are_created_held_and_refused_when_too_small(prefect_api):
         pass  # disabled: holds nothing, asks the server nothing
 
 
-def test_a_task_that_waits_for_slots_says_which_and_how_to_reset(prefect_api, capfd):
+def test_a_task_that_waits_for_slots_says_which_and_how_to_reset(prefect_api):
+    import logging
+
     from flows.concurrency import hold
 
+    # Outside a flow run the warning goes to the `flywheel.concurrency` logger. Prefect's logging setup (run again
+    # inside the session) replaces the root handlers that capfd/caplog rely on: listen on the logger itself.
+    log = logging.getLogger("flywheel.concurrency")
+    records: list[logging.LogRecord] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = records.append
+    log.disabled = False
+    log.addHandler(listener)
     name = f"flywheel-test-{time.monotonic_ns()}"
-    with hold(name, 2, default_limit=2), pytest.raises(TimeoutError), hold(name, 1, default_limit=2, timeout_s=1):
-        pass
-    said = capfd.readouterr().err  # Prefect's logging setup prints the warning on stderr
+    try:
+        with hold(name, 2, default_limit=2), pytest.raises(TimeoutError), hold(name, 1, default_limit=2, timeout_s=1):
+            pass
+    finally:
+        log.removeHandler(listener)
+    said = "\n".join(r.getMessage() for r in records)
     assert f"waiting for 1 slot(s) of concurrency limit '{name}': 2 of 2 are taken" in said
     assert f"prefect gcl inspect {name}" in said and f"prefect gcl update {name} --active-slots 0" in said
 
