@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from tasks import pyast
 from tasks.answers import extract_answer, numbers_match
 from tasks.constfold import DECODERS, HOLE, Folder, Hole
 from tasks.spec import Task
@@ -129,7 +130,7 @@ class _Ctx:
         names: set[str] = {str(task.metadata.get("entry_point") or "")}
         for src in task.visible_tests + task.hidden_tests + [v for k, v in task.files.items() if is_test_path(k)]:
             try:
-                names.update(n.id for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Name))
+                names.update(n.id for n in ast.walk(pyast.parse(src)) if isinstance(n, ast.Name))
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 names.update(re.findall(r"[A-Za-z_]\w*", src))
         self.test_names = names - {""}
@@ -492,7 +493,7 @@ def parse_as_python(code: str) -> list[ast.Module]:
         pass
     for src in sources:
         try:
-            tree = ast.parse(src)
+            tree = pyast.parse(src)
         except (SyntaxError, ValueError, RecursionError, MemoryError, LookupError, UnicodeError):
             continue
         try:
@@ -1260,11 +1261,11 @@ def special_cased_values(task: Task, solution: str) -> list[str]:
     visible: list[Any] = []
     for t in task.visible_tests:
         try:
-            visible.extend(_literal_values(ast.parse(t)))
+            visible.extend(_literal_values(pyast.parse(t)))
         except SyntaxError:
             continue
     try:
-        sol_vals = _literal_values(ast.parse(solution))
+        sol_vals = _literal_values(pyast.parse(solution))
     except SyntaxError:
         return []
     hits = []

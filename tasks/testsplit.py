@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks import plaindata
+from tasks import plaindata, pyast
 
 SAFE_BUILTINS = {n: getattr(builtins, n) for n in (
     "abs", "all", "any", "bool", "bytes", "chr", "complex", "dict", "divmod", "enumerate", "filter", "float",
@@ -66,7 +66,7 @@ def _host_eval(node: ast.expr, env: dict[str, Any]) -> Any:
         if isinstance(n, ast.Attribute) and n.attr.startswith("_"):
             raise _NoSplit
     try:
-        value = eval(compile(ast.Expression(node), "<test>", "eval"),  # noqa: S307 - the task author's own test
+        value = eval(pyast.compile_ast(ast.Expression(node), "<test>", "eval"),  # noqa: S307 - the task author's own test
                      {"__builtins__": SAFE_BUILTINS, **MODULES, **env})
         plaindata.encode(value)
     except Exception:  # noqa: BLE001 - anything the host cannot evaluate alone goes to the isolated path
@@ -113,7 +113,7 @@ def _star_import_of_solution(s: ast.stmt, module: str) -> bool:
 def plan(code: str, *, module: str = "solution", entry_points: tuple[str, ...] = ()) -> Plan | None:
     """The data-path plan of one test snippet, or None when it must run on the isolated path."""
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except SyntaxError:
         return None
     try:
@@ -198,7 +198,7 @@ class _Replace(ast.NodeTransformer):
 def _check(s: ast.Assert, p: Plan, aliases: dict[str, str], entry_points: set[str]) -> Check:
     source = ast.unparse(s.test)
     rep = _Replace(p, aliases, entry_points)
-    expr = rep.visit(ast.parse(source, mode="eval").body)
+    expr = rep.visit(pyast.parse(source, mode="eval").body)
     ast.fix_missing_locations(expr)
     allowed = set(p.env) | set(SAFE_BUILTINS) | set(MODULES)
     for n in ast.walk(expr):
@@ -234,4 +234,5 @@ def evaluate(check: Check, results: dict[int, Any], env: dict[str, Any], toleran
         return plaindata.equal(results[i], expected, tolerance)
     ns = {"__builtins__": SAFE_BUILTINS, **MODULES, **env,
           **{f"{PLACEHOLDER}{i}": results[i] for i in check.calls}}
-    return bool(eval(compile(check.expr, "<check>", "eval"), ns))  # noqa: S307 - the author's test over plain data
+    code = pyast.compile_ast(check.expr, "<check>", "eval")
+    return bool(eval(code, ns))  # noqa: S307 - the author's test over plain data
