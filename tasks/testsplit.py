@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import builtins
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,15 +57,21 @@ class _NoSplit(Exception):
     pass
 
 
-def _host_eval(node: ast.expr, env: dict[str, Any]) -> Any:
-    """Evaluate a call-free expression of the test on the host; its value must be plain data."""
+def _require_host_only(node: ast.AST, known: Callable[[str], bool]) -> None:
+    """_NoSplit unless the host may evaluate `node` alone: no lambda, walrus or yield, only names `known` accepts,
+    no underscore attributes."""
     for n in ast.walk(node):
         if isinstance(n, (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
             raise _NoSplit
-        if isinstance(n, ast.Name) and n.id not in env and n.id not in SAFE_BUILTINS and n.id not in MODULES:
+        if isinstance(n, ast.Name) and not known(n.id):
             raise _NoSplit
         if isinstance(n, ast.Attribute) and n.attr.startswith("_"):
             raise _NoSplit
+
+
+def _host_eval(node: ast.expr, env: dict[str, Any]) -> Any:
+    """Evaluate a call-free expression of the test on the host; its value must be plain data."""
+    _require_host_only(node, lambda name: name in env or name in SAFE_BUILTINS or name in MODULES)
     try:
         value = eval(pyast.compile_ast(ast.Expression(node), "<test>", "eval"),  # noqa: S307 - the task author's own test
                      {"__builtins__": SAFE_BUILTINS, **MODULES, **env})
@@ -201,14 +208,8 @@ def _check(s: ast.Assert, p: Plan, aliases: dict[str, str], entry_points: set[st
     expr = rep.visit(pyast.parse(source, mode="eval").body)
     ast.fix_missing_locations(expr)
     allowed = set(p.env) | set(SAFE_BUILTINS) | set(MODULES)
-    for n in ast.walk(expr):
-        if isinstance(n, (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
-            raise _NoSplit
-        if isinstance(n, ast.Name) and not n.id.startswith(PLACEHOLDER) and n.id not in allowed:
-            if not _bound_in_comprehension(expr, n.id):
-                raise _NoSplit
-        if isinstance(n, ast.Attribute) and n.attr.startswith("_"):
-            raise _NoSplit
+    _require_host_only(expr, lambda name: (name.startswith(PLACEHOLDER) or name in allowed
+                                           or _bound_in_comprehension(expr, name)))
     compare = None
     if (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], ast.Eq)
             and isinstance(expr.left, ast.Name) and expr.left.id.startswith(PLACEHOLDER)):
