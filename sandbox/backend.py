@@ -72,9 +72,6 @@ def check_backend(config: SandboxConfig) -> None:
     if config.backend == "local":
         _local(config, pool_size=0).shutdown()
         return
-    if config.reuse:
-        raise SandboxUnavailable("sandbox.reuse is implemented by the local backend only; fix: use --backend local, "
-                                 "or set sandbox.reuse=false for Docker")
     from sandbox.engine import docker_client, image_id
 
     client = docker_client(timeout=10)

@@ -31,8 +31,10 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import queue
 import select
+import signal
 import socket
 import struct
 import threading
@@ -53,7 +55,7 @@ from sandbox.engine import (
     image_id,
     owner_tag,
 )
-from sandbox.interpreter import exec_fields, interpreter_argv
+from sandbox.interpreter import exec_fields, interpreter_argv, interpreter_source
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 
@@ -63,6 +65,7 @@ GRACE_S = 2.0  # how long past its timeout a call may take before our own backst
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
 STARTUP_TIMEOUT_S = 30.0
+RESET_WAIT_S = 2.0  # a reset whose processes are not all gone (or frozen) by then fails: the container is removed
 MIN_FLOOD_BYTES = 32 * 1024 * 1024  # output beyond max(this, 8 x the cap) kills the call (resource_limit)
 
 # PID 1: ignore every catchable signal (the kernel drops SIGKILL/SIGSTOP sent to init from inside), reap orphans,
@@ -82,20 +85,20 @@ def watch():
         while os.read(0, 65536): pass
     except OSError: pass
     os._exit(0)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # waited for below (the watcher inherits the mask)
 threading.Thread(target=watch, daemon=True).start()
 while True:
     try: os.wait()
-    except ChildProcessError: time.sleep(0.2)
+    except ChildProcessError: signal.sigtimedwait({signal.SIGCHLD}, 0.2)  # an orphan arrives: reap it at once
     except OSError: time.sleep(0.2)
 """
 
 # Kill sandbox processes left behind by a call (forks, daemons): every process but PID 1, itself, its parent (the
 # `timeout` wrapper) and, when given,
-# the interpreter whose pid (inside the container) is argv[1] ("0" kills the interpreter too).
+# the interpreter whose pid (inside the container) is argv[1] ("0" kills the interpreter too) and its keeper (argv[2]).
 CLEANUP_SOURCE = r"""
 import os, sys, signal
-keep = int(sys.argv[1])
-spare = {1, os.getpid(), os.getppid(), keep}
+spare = {1, os.getpid(), os.getppid(), *map(int, sys.argv[1:])}
 for _ in range(3):
     for d in os.listdir("/proc"):
         if d.isdigit() and int(d) not in spare:
@@ -117,6 +120,191 @@ for rel, text in files.items():
     except FileNotFoundError: pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
+"""
+
+# Reuse: the keeper, one per container, started with `docker exec -i` (the only exec of the container's life, while
+# resets succeed). It forks each episode's interpreter from a pristine copy of sandbox/interpreter.py it loaded at
+# start (a fork instead of a `docker exec` and a Python start-up) and relays the exec's stdin and stdout to it, so
+# the host talks to the interpreter exactly as to one started by its own exec. Lines on stdin starting with
+# {"keeper" are requests to the keeper itself, answered on stdout (after a newline) with the request's nonce, which
+# user code never sees: "reset" kills and reaps the interpreter and drops its pipes (the host then kills every
+# other process), "spawn" forks the next interpreter (its ready line follows the answer). The keeper never runs
+# user code, imports nothing after start, ignores signals and is not dumpable (no ptrace, no /proc memory or fds
+# for the sandbox user); the sandbox user can still kill or stop it, and the host then starts a new keeper with an
+# exec, or removes the container when the reset does not answer. When its interpreter dies during an episode the
+# keeper exits with the interpreter's status, so the host sees the end of the stream as before.
+KEEPER_SOURCE = r"""
+import ctypes, json, os, select, signal, sys, traceback
+libc = ctypes.CDLL(None)
+libc.prctl(4, 0, 0, 0, 0)
+for s in range(1, signal.NSIG):
+    if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+        try: signal.signal(s, signal.SIG_IGN)
+        except (OSError, ValueError): pass
+ns = {"__name__": "flywheel_interpreter", "__builtins__": __builtins__}
+exec(compile(sys.argv[1], "<interpreter>", "exec"), ns)
+workdir, adj = sys.argv[2], sys.argv[3]
+sys.argv = ["-c"]
+child, to_child, from_child = 0, -1, -1
+inbuf, outbuf, childbuf = bytearray(), bytearray(), bytearray()
+
+def interpreter(r, w):
+    code = 1
+    try:
+        os.dup2(r, 0); os.dup2(w, 1)
+        os.closerange(3, 1 << 16)
+        for s in range(1, signal.NSIG):
+            try: signal.signal(s, signal.SIG_DFL)
+            except (OSError, ValueError): pass
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        libc.prctl(4, 1, 0, 0, 0)
+        with open("/proc/self/oom_score_adj", "w") as f: f.write(adj)
+        os.chdir(workdir)
+        ns["main"]()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try: f.flush()
+            except Exception: pass
+        os._exit(code)
+
+def spawn():
+    global child, to_child, from_child
+    r1, w1 = os.pipe(); r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        interpreter(r1, w2)
+    os.close(r1); os.close(w2)
+    os.set_blocking(w1, False); os.set_blocking(r2, False)
+    child, to_child, from_child = pid, w1, r2
+
+def drop():
+    global child, to_child, from_child
+    if child:
+        try: os.kill(child, signal.SIGKILL)
+        except OSError: pass
+        try: os.waitpid(child, 0)
+        except ChildProcessError: pass
+    for fd in (to_child, from_child):
+        if fd >= 0: os.close(fd)
+    child, to_child, from_child = 0, -1, -1
+    childbuf.clear()
+
+def control(line):
+    req = json.loads(line)
+    if req["keeper"] == "reset":
+        drop()
+        outbuf.clear()
+        reply = {}
+    elif req["keeper"] == "spawn":
+        drop()
+        spawn()
+        reply = {"pid": child}
+    else:
+        reply = {"error": "unknown request"}
+    outbuf.extend(b"\n" + json.dumps({**reply, "keeper": req["nonce"]}).encode() + b"\n")
+
+def flush_all():
+    os.set_blocking(1, True)
+    while outbuf:
+        del outbuf[:os.write(1, outbuf)]
+
+os.set_blocking(0, False); os.set_blocking(1, False)
+outbuf.extend(json.dumps({"keeper": "hello", "pid": os.getpid()}).encode() + b"\n")
+poller = select.poll()
+while True:
+    want = {0: select.POLLIN} if len(childbuf) < (1 << 24) else {}
+    if from_child >= 0 and len(outbuf) < (1 << 24):
+        want[from_child] = select.POLLIN
+    if outbuf:
+        want[1] = want.get(1, 0) | select.POLLOUT
+    if childbuf and to_child >= 0:
+        want[to_child] = select.POLLOUT
+    poller = select.poll()
+    for fd, ev in want.items():
+        poller.register(fd, ev)
+    for fd, ev in poller.poll():
+        if fd == 0:
+            data = os.read(0, 1 << 20) if ev & (select.POLLIN | select.POLLHUP) else b""
+            if not data:
+                os._exit(0)
+            inbuf.extend(data)
+            while True:
+                nl = inbuf.find(b"\n")
+                if nl < 0: break
+                line = bytes(inbuf[:nl + 1]); del inbuf[:nl + 1]
+                if line.startswith(b'{"keeper"'):
+                    control(line)
+                elif to_child >= 0:
+                    childbuf.extend(line)
+        elif fd == from_child:
+            try: data = os.read(from_child, 1 << 20)
+            except BlockingIOError: continue
+            if data:
+                outbuf.extend(data)
+                continue
+            _, status = os.waitpid(child, 0)
+            flush_all()
+            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+        elif fd == to_child:
+            try: del childbuf[:os.write(to_child, childbuf)]
+            except BlockingIOError: pass
+            except BrokenPipeError: childbuf.clear()
+        elif fd == 1:
+            try: del outbuf[:os.write(1, outbuf)]
+            except BlockingIOError: pass
+            except BrokenPipeError: os._exit(0)
+"""
+KEEPER_OOM_ADJ = 200  # the OOM killer takes commands (500), then the interpreter (300), then the keeper
+
+# Reuse: the check a fresh interpreter runs as its warm-up cell (in a namespace of its own, so the episode's globals
+# stay empty), after the host killed every process of the last episode. With EMPTY it first empties RESET_DIRS
+# (as the sandbox user, never following a link; folders made unreadable are opened up first). It prints the state
+# a reset must restore, as JSON: other processes (but PID 1 and the keeper), the writable folders (entries, mode, owner, extended attributes),
+# /dev/mqueue, System V IPC objects and the writable mounts. The host compares it with what the same container
+# printed when it was fresh (the fresh path runs this cell too, without EMPTY, so both look the same to an episode).
+RESET_DIRS = ("/tmp", WORKDIR, "/dev/shm")
+RESET_CHECK_SOURCE = r"""
+import json, os, stat
+def rm(p):
+    if stat.S_ISDIR(os.lstat(p).st_mode):
+        os.chmod(p, 0o700)
+        for n in os.listdir(p):
+            rm(os.path.join(p, n))
+        os.rmdir(p)
+    else:
+        os.unlink(p)
+problems = []
+if EMPTY:
+    for d in DIRS:
+        for n in os.listdir(d):
+            try: rm(os.path.join(d, n))
+            except (OSError, RecursionError) as e: problems.append(f"cannot remove {d}/{n}: {type(e).__name__}")
+state = {"problems": problems, "processes": sorted(int(p) for p in os.listdir("/proc")
+                                                   if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid()))}
+for d in DIRS + ("/dev/mqueue",):
+    try:
+        st = os.lstat(d)
+        state[d] = [sorted(os.listdir(d)), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, sorted(os.listxattr(d))]
+    except OSError as e:
+        state[d] = type(e).__name__
+for k in ("shm", "sem", "msg"):
+    try: state["sysvipc " + k] = len(open(f"/proc/sysvipc/{k}").read().splitlines())
+    except OSError as e: state["sysvipc " + k] = type(e).__name__
+mounts = []
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    i = f.index("-")
+    if "rw" in f[5].split(","):
+        mounts.append([f[4], f[5], f[i + 1], f[i + 3] if len(f) > i + 3 else ""])
+state["writable mounts"] = sorted(mounts)
+print(json.dumps(state))
 """
 
 
@@ -146,6 +334,21 @@ class _Cgroup:
             if mem.exists():
                 self.mem, self.pids = mem, (pids if pids.exists() else None)
                 break
+        # what a reset needs (reuse): the container's processes, a freezer, and the limits it was started with
+        self.procs: Path | None = None
+        self.freeze: tuple[Path, str, str] | None = None  # (file, value that freezes, value that thaws)
+        self.limits: list[Path] = []
+        if self.mem is not None and self.mem.name == "memory.oom_control":  # v1: one hierarchy per controller
+            self.procs = self.pids.parent / "cgroup.procs" if self.pids is not None else None
+            self.freeze = (base / "freezer/docker" / cid / "freezer.state", "FROZEN", "THAWED")
+            self.limits = [self.mem.parent / "memory.limit_in_bytes", self.mem.parent / "memory.memsw.limit_in_bytes",
+                           base / "pids/docker" / cid / "pids.max", base / "cpu/docker" / cid / "cpu.cfs_quota_us"]
+        elif self.mem is not None:  # v2: one directory
+            d = self.mem.parent
+            self.procs = d / "cgroup.procs"
+            self.freeze = (d / "cgroup.freeze", "1", "0")
+            self.limits = [d / "memory.max", d / "memory.swap.max", d / "pids.max", d / "cpu.max"]
+        self.limits = [x for x in self.limits if x.exists()]
 
     @property
     def available(self) -> bool:
@@ -166,6 +369,20 @@ class _Cgroup:
 
     def read(self) -> _Counters:
         return _Counters(self._field(self.mem, "oom_kill"), self._field(self.pids, "max"))
+
+    @property
+    def resettable(self) -> bool:
+        """The host can kill this container's processes itself: the process list and the freezer are there."""
+        return self.procs is not None and self.procs.exists() and self.freeze is not None and self.freeze[0].exists()
+
+    def processes(self) -> list[int]:
+        """Host pids of every process in the container (PID 1, exec'd commands, their children)."""
+        assert self.procs is not None
+        return [int(x) for x in self.procs.read_text().split()]
+
+    def limit_values(self) -> list[str]:
+        """The memory, swap, pids and CPU limits as the kernel holds them (a reused container must keep them)."""
+        return [x.read_text().strip() for x in self.limits]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -289,6 +506,7 @@ class _Interp:
     exec_id: str
     stream: _Stream
     pid: int = 0
+    keeper: int = 0  # pid of its keeper inside the container (reuse), whose exec this stream is; 0: its own exec
     pending: bytes = b""
     err: bytearray = field(default_factory=bytearray)
 
@@ -321,6 +539,11 @@ class _Container:
     cgroup: _Cgroup
     interp: _Interp | None = None  # started ahead by the pool, so an episode's first call is fast too
     created: float = field(default_factory=time.monotonic)
+    pid1: int = 0  # host pid of PID 1 (reuse: every other process but the keeper is the episode's)
+    keeper: int = 0  # host pid of the keeper (reuse), 0 when none runs
+    baseline: dict | None = None  # the reset check's state when fresh (reuse)
+    limits: list[str] = field(default_factory=list)  # cgroup limits when fresh (reuse)
+    episodes: int = 0  # episodes this container has served
 
 
 # Every exec'd process first makes itself a preferred victim of the OOM killer (raising oom_score_adj needs no
@@ -348,10 +571,76 @@ def _warm(it: _Interp) -> None:
         raise SandboxError(f"the interpreter did not answer its warm-up call: {line!r:.200}")
 
 
+def _reset_check(it: _Interp, empty: bool) -> dict:
+    """Run RESET_CHECK_SOURCE as the interpreter's warm-up cell (request id 0); returns the state it printed."""
+    code = f"exec({RESET_CHECK_SOURCE!r}, {{'EMPTY': {empty!r}, 'DIRS': {RESET_DIRS!r}}})"
+    req = json.dumps({"id": 0, "code": code, "timeout_s": 10, "output_limit": 1 << 16}) + "\n"
+    it.stream.send(req.encode(), time.monotonic() + 10)
+    line = it.read_line(time.monotonic() + 10, 1 << 18)
+    try:
+        resp = json.loads(line) if line is not None else None
+        state = json.loads(resp["stdout"]) if isinstance(resp, dict) and resp.get("id") == 0 else None
+    except (ValueError, KeyError, TypeError):
+        state = None
+    if not isinstance(state, dict):
+        raise SandboxError(f"the reset check did not answer: {line!r:.300}")
+    return state
+
+
 def _start_interpreter(api, cid: str) -> _Interp:
     """Start sandbox/interpreter.py in the container with `docker exec -i` and wait for its ready line."""
     exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ)
+    return _await_ready(_Interp(exec_id, st))
+
+
+def _keeper_call(it: _Interp, op: str, timeout_s: float = RESET_WAIT_S) -> dict:
+    """Send a request to the keeper and return its answer (lines before it, left by the last episode, are dropped)."""
+    nonce = uuid.uuid4().hex
+    deadline = time.monotonic() + timeout_s
+    it.stream.send(json.dumps({"keeper": op, "nonce": nonce}).encode() + b"\n", deadline)
+    while True:
+        line = it.read_line(deadline, 1 << 26)
+        if line is None:
+            raise SandboxError(f"the keeper did not answer {op!r} (stderr {_text(it.err)[-300:]!r})")
+        if line.startswith(b"{") and nonce.encode() in line:
+            msg = json.loads(line)
+            if isinstance(msg, dict) and msg.get("keeper") == nonce:
+                return msg
+
+
+def _start_keeper(api, cid: str) -> _Interp:
+    """Start the keeper (KEEPER_SOURCE) with `docker exec -i`, have it fork an interpreter, wait for its ready line."""
+    argv = ["python3", "-u", "-c", KEEPER_SOURCE, interpreter_source(), WORKDIR, str(INTERP_OOM_ADJ)]
+    exec_id, st = _start_exec(api, cid, argv, stdin=True, adj=KEEPER_OOM_ADJ)
     it = _Interp(exec_id, st)
+    try:
+        line = it.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
+        hello = json.loads(line) if line is not None else None
+        if not isinstance(hello, dict) or hello.get("keeper") != "hello":
+            raise SandboxError(f"the keeper did not start (first line {line!r:.200}; stderr {_text(it.err)[-300:]!r})")
+        it.keeper = int(hello["pid"])
+        _keeper_call(it, "spawn", STARTUP_TIMEOUT_S)
+        return _await_ready(it)
+    except BaseException:
+        st.close()
+        raise
+
+
+def _host_pid(procs: list[int], ns_pid: int) -> int:
+    """The host pid of the container process whose pid inside the container is ns_pid (0 when none is)."""
+    for p in procs:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("NSpid:") and int(line.split()[-1]) == ns_pid:
+                    return p
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _await_ready(it: _Interp) -> _Interp:
+    """Wait for a starting interpreter's ready line; closes the stream and raises SandboxError when none comes."""
+    st = it.stream
     line = None
     try:
         line = it.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
@@ -388,6 +677,11 @@ class DockerSandbox:
     @property
     def container_id(self) -> str:
         return self._box.id
+
+    @property
+    def episodes(self) -> int:
+        """Episodes the container has served, this one included (above 1 only with reuse)."""
+        return self._box.episodes
 
     # -- helpers ---------------------------------------------------------------------------------------------
     @property
@@ -432,8 +726,9 @@ class DockerSandbox:
         """Kill every sandbox process except PID 1 and `keep_pid` (0: none); when even that cannot run (pids
         exhausted), replace the container. Returns a note for stderr, or None."""
         try:
+            keeper = self._interp.keeper if keep_pid and self._interp is not None else 0
             ex_id, st = self._start_exec(["timeout", "-s", "KILL", "5", "python3", "-S", "-c", CLEANUP_SOURCE,
-                                          str(keep_pid)], stdin=False)
+                                          str(keep_pid), str(keeper)], stdin=False)
             deadline = time.monotonic() + 6
             while not st.eof and st.read_frames(deadline) is not None:
                 pass
@@ -677,25 +972,36 @@ class DockerSandbox:
                                f"{(res.error or res.stderr)[-500:]}")
 
     def close(self) -> None:
-        """Remove the container (force); idempotent."""
+        """End the episode: remove the container (force), or with reuse hand it back to be reset and checked for
+        the next episode (when a call is still in flight in another thread, it is removed); this handle stays
+        closed. Idempotent."""
         if self.closed:
             return
-        self.closed = True
-        self._drop_interpreter()
-        self._owner._release(self)
+        reuse = self._owner.reuse and self._lock.acquire(blocking=False)
+        try:
+            self.closed = True
+            if reuse:  # the reset talks to the keeper through this stream
+                self._box.interp, self._interp = self._interp, None
+            self._drop_interpreter()
+            self._owner._release(self, reuse=reuse)
+        finally:
+            if reuse:
+                self._lock.release()
 
 
 class DockerBackend:
-    """Docker engine with a warm pool of fresh containers; one container per episode, never reused."""
+    """Docker engine with a warm pool of containers: fresh ones, and with `config.reuse` (the default on Docker)
+    containers whose episode ended, reset and checked (see the module docstring); `stats` counts containers
+    started, episodes that got a reset one, and resets that failed (the container was removed)."""
 
     name = "docker"
 
     def __init__(self, config: SandboxConfig, *, pool_size: int = 2, max_sandboxes: int = 64,
                  acquire_timeout_s: float = 120.0, client=None):
-        if config.reuse:
-            raise SandboxUnavailable("sandbox.reuse is implemented by the local backend only; fix: use --backend "
-                                     "local, or set sandbox.reuse=false for Docker")
         self.config = config
+        self.reuse = config.reuse is not False  # None: the default, on for Docker
+        self.stats = {"started": 0, "reused": 0, "reset_failed": 0}
+        self._dirty: queue.Queue[_Container] = queue.Queue()  # closed by their episode, waiting for a reset
         self.pool_size = max(0, pool_size)
         self.client = client or docker_client()
         img = image_id(config.image, self.client)
@@ -763,13 +1069,26 @@ class DockerBackend:
                 pass
             raise
         box = _Container(cid, watch, _Cgroup(cid))
+        if self.reuse and box.cgroup.resettable:
+            procs = box.cgroup.processes()  # PID 1 alone, before any exec
+            box.pid1 = procs[0] if len(procs) == 1 else 0
+            box.limits = box.cgroup.limit_values()
         if prestart:
             try:
-                box.interp = _start_interpreter(api, cid)
-                _warm(box.interp)
+                if self.reuse:
+                    box.interp = _start_keeper(api, cid)
+                    if box.pid1:
+                        box.keeper = _host_pid(box.cgroup.processes(), box.interp.keeper)
+                    box.baseline = _reset_check(box.interp, empty=False)
+                    box.baseline.pop("problems")
+                else:
+                    box.interp = _start_interpreter(api, cid)
+                    _warm(box.interp)
             except Exception:
                 self._discard(box)
                 raise
+        with self._lock:
+            self.stats["started"] += 1
         return box
 
     def _create(self, prestart: bool = False) -> _Container:
@@ -793,7 +1112,8 @@ class DockerBackend:
         raise SandboxError(f"creating a sandbox container failed {CREATE_TRIES} times: {type(last).__name__}: {last}")
 
     def _take(self) -> _Container:
-        """A fresh started container: from the pool when one is ready, else created now."""
+        """A started container: from the pool when one is ready (fresh, or reset and checked), else with reuse one
+        whose episode ended, reset here (cheaper than a create), else created now."""
         while True:
             try:
                 box = self._pool.get_nowait()
@@ -801,10 +1121,141 @@ class DockerBackend:
                 box = None
             self._wake.set()
             if box is None:
-                return self._create()
+                try:
+                    box = self._dirty.get_nowait()
+                except queue.Empty:
+                    return self._create(prestart=self.reuse)  # reuse: the baseline comes from the prestart
+                if self._reset_one(box, keep=True):
+                    return box
+                continue
             if self._alive(box):
                 return box
             self._discard(box)
+
+    # -- reuse ---------------------------------------------------------------------------------------------------
+    def _recycle(self, box: _Container) -> None:
+        """Queue a container whose episode ended for a reset by the pool threads (reset now when there are none)."""
+        if not self._fillers:
+            self._reset_one(box)
+            return
+        with self._lock:
+            if not self._closed:
+                self._dirty.put(box)
+                self._wake.set()
+                return
+        self._discard(box)
+
+    def _reset_one(self, box: _Container, *, keep: bool = False) -> bool:
+        """Reset box; True when it passed every check. It goes to the pool, or with `keep` to the caller; a box
+        that fails a check is removed and counted in stats["reset_failed"]."""
+        why = self._reset(box)
+        if why is None:
+            with self._lock:
+                if not self._closed:
+                    if not keep:
+                        self._pool.put(box)
+                    return True
+        else:
+            log.info("docker sandbox %s: not reused, its reset failed: %s", box.id[:12], why)
+            with self._lock:
+                self.stats["reset_failed"] += 1
+        self._discard(box)
+        return False
+
+    def _reset(self, box: _Container) -> str | None:
+        """Make a used container as good as new: the host kills every process but PID 1 (cgroup frozen, so none
+        can fork meanwhile), a fresh interpreter empties the writable folders and reports what is left, and the
+        host compares that with the container's fresh state. None when it passed, else why not."""
+        cg = box.cgroup
+        if os.geteuid() != 0 or not box.pid1 or box.baseline is None or not cg.resettable:
+            return ("the host cannot reset this container (it needs root and the container's cgroup on this host); "
+                    "fix: run as root next to the engine, or set sandbox.reuse=false")
+        it, box.interp = box.interp, None
+        try:
+            if it is not None and it.keeper and box.keeper and not it.stream.eof:
+                try:
+                    _keeper_call(it, "reset")  # the interpreter is killed and reaped, its pipes closed
+                except (SandboxError, OSError, TimeoutError, ValueError) as e:
+                    return f"the keeper did not reset: {e}"
+                why = self._kill_all_but(box, {box.pid1, box.keeper})
+                if why is not None:
+                    return why
+                _keeper_call(it, "spawn")
+                box.interp, it = _await_ready(it), None
+            else:  # the keeper is gone (user code killed it, or the interpreter died): a new one, by exec
+                if it is not None:
+                    it.stream.close()
+                it = None
+                why = self._kill_all_but(box, {box.pid1})
+                if why is not None:
+                    return why
+                box.interp = _start_keeper(self.client.api, box.id)
+                box.keeper = _host_pid(cg.processes(), box.interp.keeper)
+            state = _reset_check(box.interp, empty=True)
+        except Exception as e:
+            if not _is_infra(e) and not isinstance(e, (ValueError, TimeoutError)):
+                raise
+            return f"starting the next interpreter failed: {type(e).__name__}: {e}"
+        finally:
+            if it is not None:
+                it.stream.close()
+        problems = state.pop("problems")
+        if problems:
+            return "; ".join(problems)[:500]
+        if state != box.baseline:
+            changed = sorted(k for k in state if state[k] != box.baseline.get(k))
+            return f"changed since the container was fresh: {', '.join(changed)}"
+        try:
+            procs = cg.processes()
+            limits = cg.limit_values()
+        except OSError as e:
+            return f"cannot read the container's cgroup: {e}"
+        if len(procs) != 3 or box.pid1 not in procs or box.keeper not in procs:
+            return f"the host sees {len(procs)} processes in the container, expected PID 1, the keeper and the interpreter"
+        if limits != box.limits:
+            return f"the container's cgroup limits changed: {box.limits} -> {limits}"
+        return None
+
+    def _kill_all_but(self, box: _Container, spare: set[int]) -> str | None:
+        """SIGKILL every process of the container but `spare` (host pids: PID 1, the keeper) from the host, with the
+        cgroup frozen so that none can fork meanwhile; wait until only those are left (PID 1 reaps the orphans).
+        None when done, else why not."""
+        cg = box.cgroup
+        assert cg.freeze is not None
+        path, frozen, thawed = cg.freeze
+        deadline = time.monotonic() + RESET_WAIT_S
+        try:
+            path.write_text(frozen)
+            state = path if path.name == "freezer.state" else path.parent / "cgroup.events"
+            while not (state.read_text().strip() == "FROZEN" or "frozen 1" in state.read_text()):
+                if time.monotonic() > deadline:
+                    return "the container's processes could not be frozen"
+                time.sleep(0.001)
+            for pid in cg.processes():
+                if pid not in spare:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        except OSError as e:
+            return f"freezing or killing the container's processes failed: {e}"
+        finally:
+            try:
+                path.write_text(thawed)
+            except OSError as e:
+                return f"thawing the container failed: {e}"
+        while True:
+            try:
+                left = cg.processes()
+            except OSError as e:
+                return f"cannot read the container's processes: {e}"
+            if sorted(left) == sorted(spare):
+                return None
+            if not spare <= set(left):
+                return "PID 1 or the keeper of the container is gone"
+            if time.monotonic() > deadline:
+                return f"{len(left) - len(spare)} process(es) survived the reset"
+            time.sleep(0.001)
 
     def _alive(self, box: _Container) -> bool:
         if box.cgroup.available:  # the cgroup directory goes away with the container
@@ -845,8 +1296,15 @@ class DockerBackend:
 
     def _fill_loop(self) -> None:
         while not self._stop.is_set():
+            try:
+                dirty = self._dirty.get_nowait()
+            except queue.Empty:
+                dirty = None
+            if dirty is not None:
+                self._reset_one(dirty)
+                continue
             with self._lock:
-                need = self._pool.qsize() + self._in_flight < self.pool_size
+                need = self._pool.qsize() + self._dirty.qsize() + self._in_flight < self.pool_size
                 if need:
                     self._in_flight += 1
             if not need:
@@ -877,11 +1335,15 @@ class DockerBackend:
             raise SandboxError(f"sandbox pool exhausted: {self._max} sandboxes in use for "
                                f"{self._acquire_timeout_s:g}s; close finished episodes or raise max_sandboxes")
         try:
-            sb = DockerSandbox(self, self._take())
+            box = self._take()
+            sb = DockerSandbox(self, box)
         except BaseException:
             self._slots.release()
             raise
         with self._lock:
+            box.episodes += 1
+            if box.episodes > 1:
+                self.stats["reused"] += 1
             self._active[sb.container_id] = sb
         return sb
 
@@ -890,10 +1352,13 @@ class DockerBackend:
             self._active.pop(old_id, None)
             self._active[new_id] = sb
 
-    def _release(self, sb: DockerSandbox) -> None:
+    def _release(self, sb: DockerSandbox, reuse: bool = False) -> None:
         with self._lock:
             present = self._active.pop(sb.container_id, None) is not None
-        self._discard(sb._box)
+        if reuse and present and not self._closed:
+            self._recycle(sb._box)
+        else:
+            self._discard(sb._box)
         if present:
             self._slots.release()
 
@@ -911,11 +1376,12 @@ class DockerBackend:
             active = list(self._active.values())
         for sb in active:
             sb.close()
-        while True:
-            try:
-                self._discard(self._pool.get_nowait())
-            except queue.Empty:
-                break
+        for q in (self._pool, self._dirty):
+            while True:
+                try:
+                    self._discard(q.get_nowait())
+                except queue.Empty:
+                    break
         self._trash.put(None)
         self._remover.join(timeout=120)
         self._sweep()
