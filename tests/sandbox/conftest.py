@@ -45,25 +45,27 @@ def sandbox_image() -> str:
         pytest.fail(f"the docker tests need the engine and the image: {e}")
 
 
-@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker), "local", "local-reuse"])
+@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker),
+                                        pytest.param("docker-reuse", marks=pytest.mark.docker), "local", "local-reuse"])
 def backend(request: pytest.FixtureRequest):
     """One backend of each kind per test module, with small limits; shut down (and checked empty) at the end.
     `local-reuse` is the local backend with SandboxConfig.reuse: its episodes mostly run in sandboxes that earlier
-    tests' episodes used and the backend reset, so every hostile program is also tried against the reset."""
+    tests' episodes used and the backend reset, so every hostile program is also tried against the reset;
+    `docker-reuse` likewise for Docker (its default), `docker` is its fresh-container path (reuse=false)."""
     kind = request.param
-    if kind == "docker":
+    if kind.startswith("docker"):
         request.getfixturevalue("sandbox_image")
     elif not local_available():
         pytest.skip("sandbox.local is not written yet")
     from sandbox.backend import open_backend
 
-    if kind == "local-reuse":
-        b = open_backend(small_config("local", reuse=True))
+    if kind.endswith("-reuse"):
+        b = open_backend(small_config(kind.removesuffix("-reuse"), reuse=True))
     else:
-        b = open_backend(small_config(kind))
+        b = open_backend(small_config(kind, reuse=False))
     yield b
     b.shutdown()
-    if kind == "docker":
+    if kind.startswith("docker"):
         assert own_containers(b) == [], "containers of this backend survived shutdown"
 
 
@@ -128,7 +130,7 @@ def episode(backend, marker):
     cid = getattr(sb, "container_id", None)
     sb.close()
     assert wait_gone(marker) == [], f"processes carrying {marker} outlived their sandbox"
-    if cid is not None:
+    if cid is not None and not backend.reuse:  # with reuse the container is reset for the next episode, or removed
         deadline = time.monotonic() + 10
         while backend.client.api.containers(all=True, filters={"id": cid}) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -1,7 +1,11 @@
-"""Reuse of local sandboxes (SandboxConfig.reuse): after an episode the backend resets its sandbox through the
+"""Reuse of sandboxes (SandboxConfig.reuse). Local: after an episode the backend resets its sandbox through the
 sandbox's zygote and hands it to the next episode only when the checks pass; the next episode sees nothing of the
 last one, a sandbox that fails a check is destroyed, and user code can neither reach the zygote nor an old handle
-reach the next episode. The hostile suite (test_hostile.py) also runs against a reusing backend."""
+reach the next episode. Docker (reuse is its default): the host kills the episode's processes through the
+container's cgroup, the container's keeper forks a fresh interpreter that empties the writable folders, and the
+state it reports must match the container's fresh state; the same kinds of leftovers are tried, and a failed check
+(a fault injected, named as such) removes the container. The hostile suite (test_hostile.py) also runs against
+reusing backends."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.local import LocalBackend
-from sandbox.result import SandboxConfig, SandboxUnavailable
+from sandbox.result import SandboxConfig
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install "
                                 "bubblewrap)")
@@ -204,8 +208,220 @@ def test_sequential_episodes_reuse_one_sandbox(backend):
     assert len(holders) == 1 and backend.stats == {"started": 2, "reused": 5, "reset_failed": 0}
 
 
-def test_reuse_on_docker_is_refused_naming_the_fix():
-    from sandbox.backend import check_backend
+# ---------------------------------------------------------------------------------------------------------------
+# Docker: containers reset and checked between episodes (the default there)
 
-    with pytest.raises(SandboxUnavailable, match="local backend only; fix: use --backend local"):
-        check_backend(SandboxConfig(backend="docker", reuse=True))
+
+@pytest.fixture
+def docker_backend(sandbox_image):
+    """pool_size=0: the reset runs in close(), so the next acquire() gets the reset container deterministically."""
+    from sandbox.docker import DockerBackend
+
+    b = DockerBackend(SandboxConfig(backend="docker", **SMALL), pool_size=0)
+    yield b
+    b.shutdown()
+    assert b.client.api.containers(all=True, filters={"label": f"flywheel.backend={b.instance}"}) == []
+
+
+DOCKER_MESS = textwrap.dedent("""
+    import fcntl, os, subprocess
+    secret = "episode one"
+    for d in ("/tmp", "/workspace", "/dev/shm"):
+        os.makedirs(f"{d}/deep/er", exist_ok=True)
+        open(f"{d}/deep/er/f", "w").write("x")
+        open(f"{d}/.hidden", "w").write("x")
+        os.symlink("/usr", f"{d}/link")
+        os.mkfifo(f"{d}/fifo")
+        os.chmod(f"{d}/deep/er", 0)
+        os.chmod(f"{d}/deep", 0)
+    open("/workspace/.env", "w").write("export PATH=/tmp/evil:$PATH\\n")  # an environment change, in a file
+    open("/tmp/solution.py", "w").write("def f(): return 'old'\\n")
+    open("/tmp/solution.py", "a").write("def f(): return 'patched'\\n")  # a modified file in a writable path
+    # a daemon that outlives the call (double fork, own session), a stopped process, a held lock and fd
+    subprocess.Popen(["sh", "-c", "sleep 300 & exit 0"], start_new_session=True)
+    subprocess.Popen(["sleep", "300"]).send_signal(19)
+    subprocess.Popen(["python3", "-c", "import fcntl, time; f = open('/etc/passwd'); fcntl.flock(f, fcntl.LOCK_EX); "
+                      "time.sleep(300) # sleep 300"], start_new_session=True)
+    import time; time.sleep(0.5)
+    print(len([p for p in os.listdir("/proc") if p.isdigit()]))
+""")
+
+DOCKER_LOOK = textwrap.dedent("""
+    import fcntl, os, stat
+    print(sorted(os.listdir('/tmp') + os.listdir('/workspace') + os.listdir('/dev/shm')))
+    print('secret' in globals())
+    f = open('/etc/passwd')
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError while the last episode's lock is held
+    print('lock free')
+    print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())))
+""")
+
+
+@pytest.mark.docker
+def test_docker_the_next_episode_sees_nothing_of_the_last_one(docker_backend, marker, host):
+    b = docker_backend
+    a = b.acquire()
+    r = a.run_python(DOCKER_MESS.replace("sleep 300", f"sleep 300 # {marker}"))
+    assert r.verdict == "ok" and int(r.stdout) >= 6, r  # PID 1, keeper, interpreter and the episode's processes
+    assert host.pids_with(marker), "the episode's background processes should run until it ends"
+    fresh = a.run_python(DOCKER_LOOK.replace("fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass"))
+    cid = a.container_id
+    a.close()
+    assert host.wait_gone(marker) == [], "the last episode's processes survived the reset"
+    nxt = b.acquire()
+    try:
+        assert nxt.container_id == cid and nxt.episodes == 2 and b.stats["reused"] == 1, b.stats
+        r = nxt.run_python(DOCKER_LOOK)
+        assert r.verdict == "ok", r
+        files, secret, lock, procs = r.stdout.splitlines()
+        assert (files, secret, lock, procs) == ("[]", "False", "lock free", "[]"), r.stdout
+        assert fresh.stdout.splitlines()[0] != "[]"  # the look itself sees the mess when it is there
+        r = nxt.exec(["sh", "-c", "echo ok > /workspace/f && cat /workspace/f && ls -A /tmp"])
+        assert r.verdict == "ok" and r.stdout == "ok\n", r
+    finally:
+        nxt.close()
+    assert b.stats["reset_failed"] == 0
+
+
+@pytest.mark.docker
+def test_docker_a_fresh_and_a_reused_container_look_the_same(docker_backend):
+    """What an episode can see of its sandbox (processes, folders, mounts, limits, its interpreter) is the same in a
+    fresh container and in one reset after an episode that ran code."""
+    look = ("import os, sys, resource\n"
+            "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == sorted({1, os.getppid(), os.getpid()}))\n"
+            "print(os.getcwd(), os.getuid(), sorted(os.environ), sys.argv)\n"
+            "print(sorted(k for k in globals() if not k.startswith('__')))\n"
+            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE), open('/proc/self/oom_score_adj').read().strip())\n"
+            "print(sorted(l.split()[4] for l in open('/proc/self/mountinfo')))")
+    a = docker_backend.acquire()
+    first = a.run_python(look)
+    a.run_python("x = 1\nopen('/tmp/f', 'w').write('y')\nimport json")
+    a.close()
+    nxt = docker_backend.acquire()
+    try:
+        assert nxt.episodes == 2
+        again = nxt.run_python(look)
+    finally:
+        nxt.close()
+    assert first.verdict == again.verdict == "ok", (first, again)
+    assert first.stdout == again.stdout and first.stdout.startswith("True\n"), (first.stdout, again.stdout)
+
+
+@pytest.mark.docker
+def test_docker_a_container_failing_a_check_is_destroyed_not_reused(docker_backend):
+    a = docker_backend.acquire()
+    # a System V shared memory segment lives in the container's IPC namespace, outside any file or process
+    r = a.run_python("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                     "print(libc.shmget(0, 4096, 0o1600) >= 0)")  # IPC_PRIVATE, IPC_CREAT | 0600
+    assert r.stdout == "True\n", r
+    cid = a.container_id
+    a.close()
+    assert docker_backend.stats["reset_failed"] == 1
+    nxt = docker_backend.acquire()
+    try:
+        assert nxt.container_id != cid and nxt.episodes == 1
+        r = nxt.run_python("print(open('/proc/sysvipc/shm').read().count(chr(10)))")
+        assert r.stdout == "1\n", r  # the header line only
+    finally:
+        nxt.close()
+    deadline = time.monotonic() + 10
+    while docker_backend.client.api.containers(all=True, filters={"id": cid}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not docker_backend.client.api.containers(all=True, filters={"id": cid}), "the failed container was kept"
+
+
+@pytest.mark.docker
+def test_docker_a_reset_whose_kill_fails_destroys_the_container(docker_backend, monkeypatch):
+    """Fault injected (a stand-in for the host-side kill that reports survivors): the container is removed."""
+    def fault_injected_kill(box, spare):
+        return "1 process(es) survived the reset (fault injected)"
+
+    a = docker_backend.acquire()
+    a.run_python("x = 1")
+    cid = a.container_id
+    monkeypatch.setattr(docker_backend, "_kill_all_but", fault_injected_kill)
+    a.close()
+    monkeypatch.undo()
+    assert docker_backend.stats["reset_failed"] == 1
+    nxt = docker_backend.acquire()
+    try:
+        assert nxt.container_id != cid and nxt.run_python("'x' in globals()").stdout == "False\n"
+    finally:
+        nxt.close()
+
+
+@pytest.mark.docker
+def test_docker_killing_the_keeper_keeps_the_episode_and_the_next_is_clean(docker_backend, marker, host):
+    a = docker_backend.acquire()
+    a.run_python("x = 1")
+    r = a.exec(["sh", "-c", f"sleep 300 & kill -9 -1; sleep 0.2 # {marker}"])  # everything but PID 1: keeper too
+    assert r.verdict == "error", r
+    r = a.run_python("print('still here')")
+    assert r.stdout.strip().endswith("still here") or "still here" in r.stdout, r
+    a.run_python(f"import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 300 # {marker}'])")
+    a.close()
+    assert host.wait_gone(marker) == []
+    nxt = docker_backend.acquire()  # reset with a new keeper (by exec), or destroyed: clean either way
+    try:
+        r = nxt.run_python("import os\nprint(os.listdir('/tmp'), 'x' in globals())")
+        assert r.stdout == "[] False\n", r
+    finally:
+        nxt.close()
+
+
+@pytest.mark.docker
+def test_docker_an_old_handle_cannot_touch_the_next_episode(docker_backend):
+    a = docker_backend.acquire()
+    a.run_python("x = 1")
+    a.close()
+    b = docker_backend.acquire()
+    try:
+        assert b.container_id == a.container_id
+        assert a.run_python("print('old')").verdict == "infra_error"
+        assert a.exec(["touch", "/workspace/old"]).verdict == "infra_error"
+        a.close()  # idempotent, and does not end b
+        assert b.run_python("import os\nprint(os.listdir('.'))").stdout == "[]\n"
+    finally:
+        b.close()
+
+
+@pytest.mark.docker
+def test_docker_concurrent_episodes_on_a_pooled_reusing_backend(sandbox_image):
+    from sandbox.docker import DockerBackend
+
+    b = DockerBackend(SandboxConfig(backend="docker", **SMALL), pool_size=2)
+    dirty: list[str] = []
+
+    def episodes(i: int) -> None:
+        for j in range(4):
+            with_sb = b.acquire()
+            try:
+                r = with_sb.run_python("import os\nprint(os.listdir('/workspace'), 'mine' in globals())")
+                if r.stdout.strip() != "[] False":
+                    dirty.append(r.stdout)
+                with_sb.run_python(f"mine = {i}\nopen('/workspace/{i}-{j}', 'w').write('x')")
+            finally:
+                with_sb.close()
+
+    try:
+        threads = [threading.Thread(target=episodes, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert dirty == []
+        assert b.stats["reused"] > 0 and b.stats["reset_failed"] == 0, b.stats
+    finally:
+        b.shutdown()
+
+
+def test_reuse_unset_means_on_for_docker_and_off_for_local():
+    from sandbox.local import LocalBackend
+
+    assert SandboxConfig().reuse is None
+    lb = LocalBackend(SandboxConfig(backend="local"), pool_size=0)
+    try:
+        assert not lb.reuse
+    finally:
+        lb.shutdown()
