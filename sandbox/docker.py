@@ -65,6 +65,7 @@ GRACE_S = 2.0  # how long past its timeout a call may take before our own backst
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
 STARTUP_TIMEOUT_S = 30.0
+REUSE_SPARE = 2  # with reuse, containers the pool starts beyond those in use (a reset takes a few ms)
 RESET_WAIT_S = 2.0  # a reset whose processes are not all gone (or frozen) by then fails: the container is removed
 MIN_FLOOD_BYTES = 32 * 1024 * 1024  # output beyond max(this, 8 x the cap) kills the call (resource_limit)
 
@@ -1304,7 +1305,10 @@ class DockerBackend:
                 self._reset_one(dirty)
                 continue
             with self._lock:
-                need = self._pool.qsize() + self._dirty.qsize() + self._in_flight < self.pool_size
+                coming = self._pool.qsize() + self._dirty.qsize() + self._in_flight
+                need = coming < self.pool_size
+                if self.reuse:  # containers in use come back after their episode: keep only REUSE_SPARE more
+                    need = need and coming + len(self._active) < self.pool_size + REUSE_SPARE
                 if need:
                     self._in_flight += 1
             if not need:
