@@ -41,7 +41,7 @@ def gone(pid: int, timeout_s: float = 5.0) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
 
-MESS = textwrap.dedent("""
+MESS_FILES = textwrap.dedent("""
     import os, subprocess
     secret = "episode one"
     for d in ("/tmp", "/workspace", "/dev/shm"):
@@ -52,6 +52,8 @@ MESS = textwrap.dedent("""
         os.mkfifo(f"{d}/fifo")
         os.chmod(f"{d}/deep/er", 0)
         os.chmod(f"{d}/deep", 0)
+""")  # files, links, a fifo and unreadable folders in every writable folder (the Docker test leaves these too)
+MESS = MESS_FILES + textwrap.dedent("""
     os.chmod("/tmp", 0o700)
     # a daemon that outlives the call (double fork, own session), and a stopped process
     subprocess.Popen(["sh", "-c", "sleep 300 & exit 0"], start_new_session=True)
@@ -223,17 +225,8 @@ def docker_backend(sandbox_image):
     assert b.client.api.containers(all=True, filters={"label": f"flywheel.backend={b.instance}"}) == []
 
 
-DOCKER_MESS = textwrap.dedent("""
-    import fcntl, os, subprocess
-    secret = "episode one"
-    for d in ("/tmp", "/workspace", "/dev/shm"):
-        os.makedirs(f"{d}/deep/er", exist_ok=True)
-        open(f"{d}/deep/er/f", "w").write("x")
-        open(f"{d}/.hidden", "w").write("x")
-        os.symlink("/usr", f"{d}/link")
-        os.mkfifo(f"{d}/fifo")
-        os.chmod(f"{d}/deep/er", 0)
-        os.chmod(f"{d}/deep", 0)
+DOCKER_MESS = MESS_FILES + textwrap.dedent("""
+    import fcntl
     open("/workspace/.env", "w").write("export PATH=/tmp/evil:$PATH\\n")  # an environment change, in a file
     open("/tmp/solution.py", "w").write("def f(): return 'old'\\n")
     open("/tmp/solution.py", "a").write("def f(): return 'patched'\\n")  # a modified file in a writable path
