@@ -1173,9 +1173,12 @@ class DockerBackend:
                         self._pool.put(box)
                     return True
         else:
-            log.info("docker sandbox %s: not reused, its reset failed: %s", box.id[:12], why)
             with self._lock:
                 self.stats["reset_failed"] += 1
+                first = self.stats["reset_failed"] == 1
+            # the first one is a warning: when every reset fails (no cgroup here), Docker runs at fresh-container speed
+            log.log(logging.WARNING if first else logging.INFO, "docker sandbox %s: not reused, its reset failed: %s",
+                    box.id[:12], why)
         self._discard(box)
         return False
 
