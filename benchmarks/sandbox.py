@@ -4,6 +4,7 @@ In one process, one run, the same call (`x = x + 1` then print it; a one-liner f
   interpreter     DockerSandbox.run_python on a warm persistent interpreter (container from the warm pool)
   exec            DockerSandbox.exec(["python3", "-c", ...]) in a warm container (a new process per call)
   docker run      `docker run --rm --network none IMAGE python3 -c ...` per call (the baseline)
+  docker reused   the same two in a reused container (its interpreter forked and relayed by the keeper)
   local interp    LocalBackend sandbox run_python (bubblewrap, persistent interpreter)
   local exec      LocalBackend sandbox exec (a new process per call)
 plus: acquire (a clean container handed out by the pool, p50/p95, with a short pause between episodes as in a
@@ -261,6 +262,7 @@ def main() -> None:
     try:
         time.sleep(2.0)  # let the pool fill
         bench_episodes(reusing, a.threads, 2.0)  # warm-up, not counted: every container has served an episode
+        rows += bench_sandbox(reusing, a.n, a.n_exec, "docker reused")  # calls relayed by the container's keeper
         rows.append(bench_episodes(reusing, a.threads, a.seconds, ", reused"))
         reuse_stats = dict(reusing.stats)
     finally:
