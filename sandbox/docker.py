@@ -283,8 +283,8 @@ KEEPER_OOM_ADJ = 200  # the OOM killer takes commands (500), then the interprete
 # Reuse: the check a fresh interpreter runs as its warm-up cell (in a namespace of its own, so the episode's globals
 # stay empty), after the host killed every process of the last episode. With EMPTY it first empties RESET_DIRS
 # (as the sandbox user, never following a link; folders made unreadable are opened up first). It prints the state
-# a reset must restore, as JSON: other processes (but PID 1 and the keeper), the writable folders (entries, mode, owner, extended attributes),
-# /dev/mqueue, System V IPC objects and the writable mounts. The host compares it with what the same container
+# a reset must restore, as JSON: other processes (but PID 1 and the keeper), the writable folders (entries, mode,
+# owner, extended attributes), /dev/mqueue, System V IPC objects and the writable mounts. The host compares it with what the same container
 # printed when it was fresh (the fresh path runs this cell too, without EMPTY, so both look the same to an episode).
 RESET_DIRS = ("/tmp", WORKDIR, "/dev/shm")
 RESET_CHECK_SOURCE = r"""
@@ -1231,7 +1231,8 @@ class DockerBackend:
         except OSError as e:
             return f"cannot read the container's cgroup: {e}"
         if len(procs) != 3 or box.pid1 not in procs or box.keeper not in procs:
-            return f"the host sees {len(procs)} processes in the container, expected PID 1, the keeper and the interpreter"
+            return (f"the host sees {len(procs)} processes in the container, expected PID 1, the keeper and the "
+                    "interpreter")
         if limits != box.limits:
             return f"the container's cgroup limits changed: {box.limits} -> {limits}"
         return None

@@ -281,7 +281,8 @@ def test_docker_a_fresh_and_a_reused_container_look_the_same(docker_backend):
     """What an episode can see of its sandbox (processes, folders, mounts, limits, its interpreter) is the same in a
     fresh container and in one reset after an episode that ran code."""
     look = ("import os, sys, resource\n"
-            "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == sorted({1, os.getppid(), os.getpid()}))\n"
+            "procs = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+            "print(procs == sorted({1, os.getppid(), os.getpid()}))\n"
             "print(os.getcwd(), os.getuid(), sorted(os.environ), sys.argv)\n"
             "print(sorted(k for k in globals() if not k.startswith('__')))\n"
             "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
