@@ -5,9 +5,11 @@ suite, split, source, run_id, round), in a stable order (run_id, round, created_
 
 - JSONL: one object per line, {"messages": [...], "tools": [...]} (TRL's conversational format with tools;
   `metadata=True` adds trajectory_id, run_id, round, source, policy, task_id, suite, split, verdict, reward).
-  Messages are OpenAI-style: role, content, and tool_calls / tool_call_id / name only when present. Tool-call
-  arguments stay the JSON string the model produced (arguments_as="string"); arguments_as="object" parses them,
-  which chat templates that do `arguments | tojson` (TRL's qwen2_5) need to avoid double encoding.
+  Messages go through the one conversation codec (warehouse.chat), so an export shows what SFT renders:
+  arguments_as="string" is `chat.to_openai` (role, content, and tool_calls / tool_call_id / name only when
+  present; arguments the JSON string the model produced); arguments_as="object" is `chat.to_template` (content ""
+  for None, arguments decoded to objects, as chat templates that do `arguments | tojson` need), and refuses a row
+  with a malformed call or non-object arguments (ExportError), as SFT drops it.
 - datasets folder (`datasets.load_from_disk(path)` works): columns messages (list of structs, absent fields
   null), tools (a JSON string: TRL's SFTTrainer json-decodes a string `tools` column), plus the metadata columns.
 
@@ -32,7 +34,9 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
+from warehouse import chat
 from warehouse.query import QueryError, iter_trajectories, query
+from warehouse.record import Message
 
 METADATA_COLUMNS = ("trajectory_id", "run_id", "round", "source", "policy", "task_id", "suite", "split", "verdict",
                     "reward")
@@ -82,28 +86,15 @@ def build_where(
     return (" AND ".join(clauses) if clauses else None), params
 
 
-def _message(m: dict[str, Any], arguments_as: ArgumentsAs, tid: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m["role"], "content": m.get("content")}
-    calls = m.get("tool_calls")
-    if calls:
-        conv = []
-        for c in calls:
-            fn = dict(c["function"])
-            if arguments_as == "object":
-                try:
-                    fn["arguments"] = json.loads(fn["arguments"])
-                except (TypeError, ValueError) as e:
-                    raise ExportError(
-                        f"trajectory {tid}: tool call {c.get('id')} has arguments that are not JSON "
-                        f"({fn['arguments']!r:.80}); export with arguments_as='string' or filter it out"
-                    ) from e
-            conv.append({"id": c["id"], "type": c.get("type") or "function", "function": fn})
-        out["tool_calls"] = conv
-    if m.get("tool_call_id") is not None:
-        out["tool_call_id"] = m["tool_call_id"]
-    if m.get("name") is not None:
-        out["name"] = m["name"]
-    return out
+def _messages(messages: list[dict[str, Any]], arguments_as: ArgumentsAs, tid: str) -> list[dict[str, Any]]:
+    """A row's messages through the conversation codec: chat.to_openai (string) or chat.to_template (object)."""
+    msgs = [Message.model_validate(m) for m in messages]
+    if arguments_as == "string":
+        return chat.to_openai(msgs)
+    try:
+        return chat.to_template(msgs)
+    except chat.ConversationError as e:
+        raise ExportError(f"trajectory {tid}: {e}; export with arguments_as='string' or filter it out") from e
 
 
 def to_trl_example(row: dict[str, Any], arguments_as: ArgumentsAs = "string",
@@ -111,7 +102,7 @@ def to_trl_example(row: dict[str, Any], arguments_as: ArgumentsAs = "string",
     """One trajectory (a dict as read from the lake, or Trajectory.model_dump()) -> {"messages", "tools"}."""
     tid = row.get("trajectory_id", "?")
     ex: dict[str, Any] = {
-        "messages": [_message(m, arguments_as, tid) for m in row["messages"]],
+        "messages": _messages(row["messages"], arguments_as, tid),
         "tools": json.loads(row.get("tools_json") or "[]"),
     }
     if metadata:
