@@ -113,6 +113,7 @@ def test_outputs_are_what_the_cases_say(episodes):
 
 def test_grpo_parses_and_scores_the_generation_as_the_loop_did(episodes, tiny_model, backend, task):
     tok = use_codec_parser(AutoTokenizer.from_pretrained(tiny_model))
+    assert tok.response_template is not None  # GRPOTrainer calls parse_response only when this is set
     schemas = tool_schemas(task.tools)
     prompt = task_rows([task])["prompt"][0]
     prompt_ids = tok.apply_chat_template(prompt, tools=schemas, add_generation_prompt=True, tokenize=True,
