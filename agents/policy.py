@@ -34,7 +34,7 @@ class PolicyError(Exception):
 
 
 class ModelError(PolicyError):
-    """The model's output cannot be used at all (a response without a choice); the loop's own EmptyReply."""
+    """The model's output cannot be used at all (a response without a choice; an empty reply is the loop's EmptyReply)."""
 
 
 class ContextLengthError(ModelError):

@@ -27,6 +27,7 @@ from tasks.spec import Task
 from warehouse import chat
 from warehouse.record import Message, Source
 
+
 def completion_text(tokenizer: Any, ids: list[int]) -> str:
     """Generated token ids -> the reply text: decoded with special tokens, cut at the first end of turn
     (`<|im_end|>` or EOS), padding removed. GRPO reads its generations through this too."""
