@@ -38,6 +38,7 @@ KNOWN_ERRORS = (
     ("flows.config", "ConfigError"), ("flows.runners", "RunnerError"), ("flows.serve", "ServeError"),
     ("agents.policy", "PolicyError"), ("sandbox.result", "SandboxError"), ("tasks.suites", "UnknownSuiteError"),
     ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lakefs", "LakeError"),
+    ("tasks.harbor", "HarborTaskError"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
@@ -297,11 +298,12 @@ def _lake_root(root: str) -> str:
 
 @app.command()
 def export(
-    out: Annotated[str, typer.Argument(help="Output: a .jsonl file or a datasets folder.")],
+    out: Annotated[str, typer.Argument(help="Output: a .jsonl file, a datasets folder or an ATIF folder.")],
     root: Root = "runs/default",
     snapshot: Annotated[Optional[str], typer.Option(help="Export exactly this curated snapshot's rows and weights "
                                                          "(from `flywheel curate`): what training should read.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools) or datasets.")] = "jsonl",
+    format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools), datasets, or atif "
+                                                             "(one ATIF v1.8 file per episode).")] = "jsonl",
     arguments: Annotated[Optional[str], typer.Option(help="Tool-call arguments: object (what chat templates "
                                                            "expect; jsonl default) or string (the OpenAI wire "
                                                            "form; datasets default).")] = None,
@@ -458,6 +460,39 @@ def tasks_export(
     from tasks.cli import tasks_export as _export
 
     print(_export(source, out, n=n, split=split, seed=seed, difficulty=difficulty))
+
+
+@tasks_app.command("import")
+def tasks_import(
+    kind: Annotated[str, typer.Argument(help="The task format: harbor.")],
+    path: Annotated[str, typer.Argument(help="A Harbor task folder, or a folder of them.")],
+    build: Annotated[bool, typer.Option(help="Build (or reuse) each task's image from environment/Dockerfile.")] = True,
+    out: Annotated[Optional[str], typer.Option(help="Also write the tasks as a spec file (.jsonl or .parquet).")] = None,
+) -> None:
+    """Validate and load Harbor task folders (task.toml, instruction.md, environment/, tests/, solution/) and build
+    their images; the folder is then a suite: flywheel generate --suite PATH."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tasks.cli import tasks_import_harbor
+
+    if kind != "harbor":
+        raise UsageError(f"unknown task format {kind!r}; the one importable format is harbor: "
+                         "flywheel tasks import harbor DIR")
+    res = tasks_import_harbor(path, build=build, out=out)
+    t = Table(title=f"{len(res.tasks)} Harbor task(s) from {path}")
+    for col in ("task", "split", "image", "agent s", "verifier s", "memory MB", "cpus"):
+        t.add_column(col)
+    for task in res.tasks:
+        h = task.metadata["harbor"]
+        t.add_row(task.id, task.split, h["image"], str(h["agent_timeout_s"] or "-"), f"{h['verifier_timeout_s']:g}",
+                  str(h["memory_mb"] or "-"), str(h["cpus"] or "-"))
+    Console(width=160).print(t)
+    if build:
+        print(f"images: {len(res.built)} built, {len(res.reused)} reused")
+    if res.out:
+        print(f"wrote {res.out}")
+    print(f"ok: run it with: flywheel generate --suite {path} --teacher reference --backend docker")
 
 
 @demos_app.command("import")

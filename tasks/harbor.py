@@ -282,7 +282,10 @@ def load_one(folder: Path, suite: str, problems: list[str]) -> Task | None:
     if not (folder / "solution" / "solve.sh").is_file():
         mine.append("solution/solve.sh is missing (the oracle, flywheel's reference solution)")
     has_df = (folder / "environment" / "Dockerfile").is_file()
-    if cfg is not None and not has_df and not cfg.environment.docker_image:
+    if any((folder / "environment" / f).is_file() for f in ("docker-compose.yaml", "docker-compose.yml")):
+        mine.append("environment/docker-compose.yaml: multi-container environments are not supported; give the "
+                    "task one environment/Dockerfile")
+    elif cfg is not None and not has_df and not cfg.environment.docker_image:
         mine.append("environment/Dockerfile is missing and [environment] docker_image is not set")
     if cfg is None or mine:
         problems.extend(f"{folder}: {m}" for m in mine)
