@@ -497,7 +497,8 @@ def tasks_import(
 
 @demos_app.command("import")
 def demos_import(
-    paths: Annotated[list[str], typer.Argument(help="JSONL, Parquet or datasets folders of chat demos.")],
+    paths: Annotated[list[str], typer.Argument(help="JSONL, Parquet or datasets folders of chat demos, or ATIF "
+                                                    "files.")],
     root: Root = "runs/default",
     run_id: Annotated[str, typer.Option("--run-id", help="Run the demos belong to (curation of a run reads its own "
                                                          "rows).")] = "demos",
@@ -507,6 +508,8 @@ def demos_import(
     = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Import the valid records and skip the "
                                                                         "invalid ones (listed).")] = False,
+    format: Annotated[str, typer.Option("--format", help="auto (by file type; a .json file is ATIF) or atif (ATIF "
+                                                        "files, or folders of them).")] = "auto",
 ) -> None:
     """Validate and import human demonstrations as rows with source human (idempotent).
 
@@ -517,7 +520,8 @@ def demos_import(
     from curate.demos import DemoImportError, import_demos
 
     try:
-        res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=not allow_partial)
+        res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=not allow_partial,
+                           format=format)
     except DemoImportError as e:
         if not e.errors:  # an unreadable file: main() prints its one error line
             raise
@@ -532,6 +536,12 @@ def demos_import(
         print(f"skipped: {e}", file=sys.stderr)
     print(f"imported {res.written}, already present {res.skipped}, skipped {res.rejected_records} invalid "
           f"record(s); run {run_id!r} of {root}")
+    lacking: dict[str, int] = {}
+    for r in res.rows:
+        for m in json.loads(r.verifier_details_json).get("missing_evidence") or []:
+            lacking[m] = lacking.get(m, 0) + 1
+    if lacking:
+        print("missing evidence (rows): " + ", ".join(f"{k} {v}" for k, v in sorted(lacking.items())))
     if run_id == "demos":
         print("note: curation of a run reads that run's rows; to train on these demos import them with --run-id RUN, "
               "or give the file to `flywheel curate --demos FILE` (config curate.demo_paths)")

@@ -152,6 +152,21 @@ def test_export_atif_validates_and_round_trips_through_the_console_script(tmp_pa
         assert doc["extra"]["flywheel"]["task_id"] == want.task_id
         assert ("token_ids" in missing) == (want.completion_token_ids is None)
         assert "tool_timings" in missing
+    # the files as demonstrations: `flywheel demos import --format atif` (folder), each row saying what it lacks
+    lake2 = tmp_path / "lake2"
+    d = subprocess.run([FLYWHEEL, "demos", "import", str(out), "--format", "atif", "--root", str(lake2),
+                        "--allow-partial"], capture_output=True, text=True, timeout=300)
+    assert d.returncode == 0, d.stderr
+    assert "missing evidence (rows): " in d.stdout and "tool_timings" in d.stdout
+    demos = read_trajectories(str(lake2))
+    passing = [r for r in rows if r.verdict == "pass"]
+    assert len(demos) >= len(passing)  # malformed calls may be refused as demos (listed as skipped)
+    by_msgs = {json.dumps([m.model_dump() for m in r.messages]): r for r in demos}
+    for r in passing:
+        got = by_msgs[json.dumps([m.model_dump() for m in r.messages])]
+        assert got.source == "human" and got.task_id == r.task_id and json.loads(got.tools_json) == json.loads(
+            r.tools_json)
+        assert "tool_timings" in json.loads(got.verifier_details_json)["missing_evidence"]
     # another producer's ATIF (no flywheel provenance): the messages, and what evidence is missing
     foreign = json.loads(files[0].read_text())
     del foreign["extra"]
