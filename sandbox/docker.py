@@ -369,6 +369,21 @@ def _start_interpreter(api, cid: str, user: str = SANDBOX_USER, workdir: str = W
     return it
 
 
+def attach_and_start(api, cid: str) -> Any:
+    """Attach to PID 1's stdin (the socket whose closing ends the container), then start it; on failure the
+    container is removed and the error raised. Returns the socket."""
+    try:
+        watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
+        api.start(cid)
+    except Exception:
+        try:
+            api.remove_container(cid, force=True)
+        except Exception:  # noqa: BLE001, S110 - the create error is what matters
+            pass
+        raise
+    return watch
+
+
 class DockerSandbox:
     """One episode's container. Calls are serialised; close() removes the container."""
 
@@ -759,16 +774,7 @@ class DockerBackend:
             labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance}, host_config=host_config,
         )
         cid = cont["Id"]
-        try:
-            watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
-            api.start(cid)
-        except Exception:
-            try:
-                api.remove_container(cid, force=True)
-            except Exception:  # noqa: BLE001, S110 - the create error is what matters
-                pass
-            raise
-        box = _Container(cid, watch, _Cgroup(cid))
+        box = _Container(cid, attach_and_start(api, cid), _Cgroup(cid))
         if prestart:
             try:
                 box.interp = _start_interpreter(api, cid)

@@ -31,7 +31,7 @@ import tarfile
 import time
 from pathlib import Path, PurePosixPath
 
-from sandbox.docker import PID1_SOURCE, DockerBackend, DockerSandbox, _Cgroup, _Container
+from sandbox.docker import PID1_SOURCE, DockerBackend, DockerSandbox, _Cgroup, _Container, attach_and_start
 from sandbox.engine import BACKEND_LABEL, LABEL, OWNER_LABEL, docker_client, image_id
 from sandbox.result import SandboxConfig, SandboxError, SandboxUnavailable
 
@@ -96,7 +96,7 @@ def dockerfile_bases(text: str) -> list[str]:
             if not parts:
                 raise ValueError(f"FROM without an image: {line!r}")
 
-            def sub(m: re.Match) -> str:
+            def sub(m: re.Match, line: str = line) -> str:
                 name = m.group(1) or m.group(2)
                 if name not in args:
                     raise ValueError(f"FROM uses ${{{name}}}, an ARG without a default: {line!r}")
@@ -203,17 +203,7 @@ class TaskEnvBackend(DockerBackend):
             use_config_proxy=False, labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance},
             host_config=host_config,
         )
-        cid = cont["Id"]
-        try:
-            watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
-            api.start(cid)
-        except Exception:
-            try:
-                api.remove_container(cid, force=True)
-            except Exception:  # noqa: BLE001, S110 - the create error is what matters
-                pass
-            raise
-        return _Container(cid, watch, _Cgroup(cid))
+        return _Container(cont["Id"], attach_and_start(api, cont["Id"]), _Cgroup(cont["Id"]))
 
 
 def _api(sb: DockerSandbox):

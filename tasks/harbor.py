@@ -497,8 +497,9 @@ def verify_harbor(task: Task, agent_sandbox: Any, backend: Backend | None) -> tu
         if workdir not in paths:
             paths.insert(0, workdir)
         details["state"] = copy_paths(src, vsb, paths)
-        code, out = root_exec(vsb, ["sh", "-c", "rm -rf /tests /logs/verifier && mkdir -p /logs/verifier "
-                                    "/logs/artifacts && chmod 777 /logs /logs/verifier /logs/artifacts"])
+        prepare = ("rm -rf /tests /logs/verifier && mkdir -p /logs/verifier /logs/artifacts && "
+                   "chmod 777 /logs /logs/verifier /logs/artifacts")
+        code, out = root_exec(vsb, ["sh", "-c", prepare])
         if code != 0:
             raise SandboxError(f"preparing /logs/verifier failed: {out[-300:]}")
         put_tree(vsb, "/tests", {rel: base64.b64decode(b) for rel, b in h["tests"].items()})

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -196,25 +196,18 @@ def export_atif(root: str, out_dir: str, where: str | None = None, *, overwrite:
 
     _check_out(out_dir, overwrite)
     clause, params = build_where(where, **filters)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.{uuid.uuid4().hex[:8]}.tmp")
-    os.makedirs(tmp)
     n = 0
-    try:
+
+    def write(tmp: str) -> None:
+        nonlocal n
+        os.makedirs(tmp)
         for row in _iter_rows(root, clause, params):
             doc = row_to_atif(Trajectory.model_validate(row))
             with open(os.path.join(tmp, f"{doc['trajectory_id']}.json"), "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1)
             n += 1
-        if os.path.isdir(out_dir):  # overwrite=True (checked above)
-            shutil.rmtree(out_dir)
-        elif os.path.exists(out_dir):
-            os.unlink(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
+
+    _save_folder(write, out_dir)
     return ExportResult(path=out_dir, n_rows=n, fmt="atif")
 
 
@@ -276,11 +269,16 @@ def export_snapshot(root: str, snapshot_id: str, out: str, fmt: Literal["jsonl",
 
 
 def _save_dataset(ds: Any, out_dir: str) -> None:
+    _save_folder(ds.save_to_disk, out_dir)
+
+
+def _save_folder(write: Callable[[str], Any], out_dir: str) -> None:
+    """`write(tmp)` fills a temp folder beside out_dir, which then replaces out_dir whole (or is removed)."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        ds.save_to_disk(tmp)
+        write(tmp)
         if os.path.isdir(out_dir):  # overwrite=True (checked by the caller)
             shutil.rmtree(out_dir)
         elif os.path.exists(out_dir):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.harbor import HarborTaskError, load_harbor, parse_reward, strip_canary
 from sandbox.taskenv import dockerfile_bases
+from tasks.harbor import HarborTaskError, load_harbor, parse_reward, strip_canary
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "data" / "harbor"
@@ -22,7 +22,7 @@ FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([FLYWHEEL, *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([FLYWHEEL, *args], capture_output=True, text=True, timeout=timeout, check=False,
                           env={**os.environ, **(env or {})})
 
 
@@ -149,6 +149,17 @@ def _sql(root: Path, q: str) -> list[dict]:
     return json.loads(p.stdout)
 
 
+def _generate(suite: Path, tmp_path: Path) -> Path:
+    """`flywheel generate` of the reference teacher, noise off, one sample per task, in Docker; the lake."""
+    cfg = tmp_path / "zero.toml"
+    cfg.write_text(ZERO_NOISE)
+    out = tmp_path / "lake"
+    p = run("generate", "--config", str(cfg), "--suite", str(suite), "--teacher", "reference", "--backend", "docker",
+            "--samples", "1", "--out", str(out), "--run-id", "h1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
 @pytest.mark.docker
 @pytest.mark.e2e
 def test_generate_shipped_suite_every_oracle_passes(tmp_path):
@@ -157,12 +168,7 @@ def test_generate_shipped_suite_every_oracle_passes(tmp_path):
     assert "12 Harbor task(s)" in imp.stdout and "images:" in imp.stdout
     again = run("tasks", "import", "harbor", str(SUITE))
     assert "images: 0 built" in again.stdout  # reused by content hash
-    cfg = tmp_path / "zero.toml"
-    cfg.write_text(ZERO_NOISE)
-    out = tmp_path / "lake"
-    p = run("generate", "--config", str(cfg), "--suite", str(SUITE), "--teacher", "reference", "--backend", "docker", "--samples", "1",
-            "--out", str(out), "--run-id", "h1")
-    assert p.returncode == 0, p.stderr[-3000:]
+    out = _generate(SUITE, tmp_path)
     rows = _sql(out, "SELECT task_id, verdict, reward, verifier, verifier_strength, sandbox_image, "
                      "verifier_details_json AS d FROM trajectories ORDER BY task_id")
     assert len(rows) == 12
@@ -209,12 +215,7 @@ def test_agents_that_touch_tests_or_write_the_reward_get_nothing(tmp_path):
     shutil.copytree(SUITE / "hello-file", d)
     (d / "task.toml").write_text((d / "task.toml").read_text().replace("flywheel/hello-file", "hack/no-reward"))
     (d / "tests" / "test.sh").write_text("#!/bin/bash\npython3 /tests/check.py\n")
-    cfg = tmp_path / "zero.toml"
-    cfg.write_text(ZERO_NOISE)
-    out = tmp_path / "lake"
-    p = run("generate", "--config", str(cfg), "--suite", str(suite), "--teacher", "reference", "--backend", "docker", "--samples", "1",
-            "--out", str(out), "--run-id", "hx")
-    assert p.returncode == 0, p.stderr[-3000:]
+    out = _generate(suite, tmp_path)
     rows = _sql(out, "SELECT task_id, verdict, reward, success, verifier_details_json AS d, messages "
                      "FROM trajectories ORDER BY task_id")
     assert sorted(r["task_id"] for r in rows) == sorted([f"hack/{n}" for n in HACKS] + ["hack/no-reward"])
