@@ -25,7 +25,8 @@ non-numeric or non-finite one, or a test.sh past its timeout is reward 0, verdic
 details. Reward 1 (or more) is a pass; a fraction is kept as the reward of a fail. A reward file the agent wrote in
 its own container never reaches the verifier's, and neither does anything it did to /tests.
 The oracle becomes the reference solution: one `shell` call that writes solution/ to /solution and runs
-solve.sh (with `[solution] env`), then a final message.
+solve.sh (with `[solution] env`), then a final message. A stored episode judged again (no open container) has its
+tool calls replayed in a fresh container of the image first.
 This module does not run the episode loop (agents/loop.py) nor build images itself (sandbox/taskenv.py).
 """
 
@@ -47,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sandbox.result import Backend, SandboxConfig, SandboxError, SandboxUnavailable
 from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
 from tasks.unittests import VerifierUnavailable
+from warehouse.record import Message
 
 HARBOR_VERIFIER_VERSION = "1"
 HARBOR_TOOLS = ["shell", "read_file", "write_file"]
@@ -469,11 +471,30 @@ def parse_reward(json_bytes: bytes | None, txt_bytes: bytes | None) -> tuple[flo
     return None, {"error": f"test.sh wrote neither {REWARD_JSON} nor {REWARD_TXT}"}
 
 
-def verify_harbor(task: Task, agent_sandbox: Any, backend: Backend | None) -> tuple[float, bool, dict[str, Any]]:
+def _replay(sb: Any, messages: list[Message]) -> int:
+    """Run the episode's tool calls again, in order, in `sb`; the number that ran (undecodable ones are skipped, as
+    the loop never ran them either)."""
+    from tasks.tools import ToolArgumentError, parse_arguments, run_tool
+
+    n = 0
+    for m in messages:
+        for call in (m.tool_calls or []) if m.role == "assistant" else []:
+            try:
+                args = parse_arguments(call.function.name, call.function.arguments)
+            except ToolArgumentError:
+                continue
+            run_tool(sb, call.function.name, args)
+            n += 1
+    return n
+
+
+def verify_harbor(task: Task, messages: list[Message], agent_sandbox: Any,
+                  backend: Backend | None) -> tuple[float, bool, dict[str, Any]]:
     """Grade the agent's final state in a fresh container (see the module docstring): (reward, passed, details).
 
-    `agent_sandbox` is the episode's open container, or None when the agent never called a tool (the verifier then
-    grades the image as it was built). Raises VerifierUnavailable on infrastructure failures (infra_error).
+    `agent_sandbox` is the episode's open container; None when the loop never opened one (no tool call) or when a
+    stored episode is judged again: its tool calls are then replayed in a fresh container of the image first.
+    Raises VerifierUnavailable on infrastructure failures (infra_error).
     """
     from sandbox.taskenv import copy_paths, get_file, put_tree, root_exec
 
@@ -483,9 +504,10 @@ def verify_harbor(task: Task, agent_sandbox: Any, backend: Backend | None) -> tu
     opened = []
     try:
         src = agent_sandbox
-        if src is None:
+        if src is None:  # re-judging a stored episode (flywheel verify): its tool calls again, in a fresh container
             src = _backend(task, base, "agent").acquire()
             opened.append(src)
+            details["replayed_calls"] = _replay(src, messages)
         vsb = _backend(task, base, "verifier").acquire()
         opened.append(vsb)
         paths = list(h["state_paths"])

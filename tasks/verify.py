@@ -127,7 +127,7 @@ def verify(task: Task, messages: list[Message], *, backend: Backend | None = Non
     elif kind == "harbor":
         from tasks.harbor import HARBOR_VERIFIER_VERSION, verify_harbor
 
-        reward, passed, details = verify_harbor(task, agent_sandbox, backend)
+        reward, passed, details = verify_harbor(task, messages, agent_sandbox, backend)
         outcome = Outcome(verdict="pass" if passed else "fail", reward=reward, success=passed, details=details,
                           verifier="harbor", verifier_version=HARBOR_VERIFIER_VERSION, verifier_strength="harbor")
     else:  # pragma: no cover - the spec's Literal forbids it

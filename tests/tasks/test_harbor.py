@@ -181,6 +181,15 @@ def test_generate_shipped_suite_every_oracle_passes(tmp_path):
         assert d["state"]["/app"] == "copied" and d["reward_file"].startswith("/logs/verifier/reward.")
     fib = next(json.loads(r["d"]) for r in rows if r["task_id"] == "flywheel/fib-module")
     assert fib["reward_file"] == "/logs/verifier/reward.json" and fib["rewards"]["passed"] == 7
+    # judged again from the stored rows alone: `flywheel verify` replays each episode's calls in a fresh container
+    tasks_file, traj = tmp_path / "tasks.jsonl", tmp_path / "rows.jsonl"
+    assert run("tasks", "import", "harbor", str(SUITE), "--out", str(tasks_file)).returncode == 0
+    e = run("export", str(traj), "--root", str(out), "--metadata", "--arguments", "string")
+    assert e.returncode == 0, e.stderr
+    v = run("verify", "--trajectories", str(traj), "--tasks", str(tasks_file), "--backend", "docker", "--workers", "2")
+    assert v.returncode == 0, v.stderr[-2000:]
+    results = [json.loads(ln) for ln in v.stdout.splitlines()]
+    assert len(results) == 12 and {(r["verdict"], r["verifier_strength"]) for r in results} == {("pass", "harbor")}
 
 
 HACKS = {
