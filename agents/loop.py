@@ -7,7 +7,8 @@ checked and decoded (`check_call`), run in the episode's sandbox
 call's `tool_call_id`; an assistant message without tool calls ends the episode and the task's verifier judges it.
 
 The sandbox is acquired lazily, at the first tool call, and closed when the episode ends: an episode that waits on
-a rate-limited endpoint or answers without tools holds no container.
+a rate-limited endpoint or answers without tools holds no container. A Harbor task's sandbox is a container of the
+task's own image (tasks/harbor.py), kept open until its verifier has copied the agent's final state out.
 
 Every outcome is a row (never an exception, except cancellation):
 - verifier verdict (pass / fail / hack) when the policy gave a final answer;
@@ -139,6 +140,15 @@ def _verify(task: Task, messages: list[Message], backend: Backend, workspace: ta
     return verify(task, messages, backend=backend, workspace=workspace, **(extra or {}))
 
 
+def _acquire(task: Task, backend: Backend) -> Sandbox:
+    """The episode's sandbox: from `backend`, or for a Harbor task a container of the task's own image."""
+    if task.verifier.kind == "harbor":
+        from tasks.harbor import acquire
+
+        return acquire(task, backend)
+    return backend.acquire()
+
+
 def _run_tool(sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
     return run_tool(sandbox, name, args, timeout_s=timeout_s)
 
@@ -237,7 +247,7 @@ async def run_episode(
                     break
                 if ep.sandbox is None:
                     try:
-                        ep.sandbox = await _in_thread(executor, backend.acquire)
+                        ep.sandbox = await _in_thread(executor, _acquire, task, backend)
                         if task.files:
                             await _in_thread(executor, task_tools.prepare_workspace, ep.sandbox, dict(task.files))
                     except Exception as e:  # noqa: BLE001
@@ -270,7 +280,10 @@ async def run_episode(
                 workspace = None
                 if _needs_workspace(task):
                     workspace = await _in_thread(executor, _snapshot, task, ep.sandbox)
-                outcome = await _in_thread(executor, _verify, task, messages, backend, workspace, verify_kwargs)
+                extra = verify_kwargs
+                if task.verifier.kind == "harbor":  # its verifier copies the agent's state out of the open container
+                    extra = {**(verify_kwargs or {}), "agent_sandbox": ep.sandbox}
+                outcome = await _in_thread(executor, _verify, task, messages, backend, workspace, extra)
                 verdict = outcome.verdict
             except Exception as e:  # noqa: BLE001 - VerifierUnavailable (no backend / judge) or a verifier crash: infrastructure
                 verdict, error_class = "infra_error", type(e).__name__

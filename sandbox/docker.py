@@ -333,9 +333,10 @@ def _oom_prefix(adj: int) -> list[str]:
     return ["sh", "-c", f'echo {adj} > /proc/self/oom_score_adj; exec "$@"', "sh"]
 
 
-def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_OOM_ADJ) -> tuple[str, _Stream]:
-    ex = api.exec_create(cid, _oom_prefix(adj) + argv, stdin=stdin, stdout=True, stderr=True, user=SANDBOX_USER,
-                         workdir=WORKDIR)
+def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_OOM_ADJ, user: str = SANDBOX_USER,
+                workdir: str = WORKDIR) -> tuple[str, _Stream]:
+    ex = api.exec_create(cid, _oom_prefix(adj) + argv, stdin=stdin, stdout=True, stderr=True, user=user,
+                         workdir=workdir)
     sock = api.exec_start(ex["Id"], socket=True)
     return ex["Id"], _Stream(sock)
 
@@ -348,9 +349,10 @@ def _warm(it: _Interp) -> None:
         raise SandboxError(f"the interpreter did not answer its warm-up call: {line!r:.200}")
 
 
-def _start_interpreter(api, cid: str) -> _Interp:
+def _start_interpreter(api, cid: str, user: str = SANDBOX_USER, workdir: str = WORKDIR) -> _Interp:
     """Start sandbox/interpreter.py in the container with `docker exec -i` and wait for its ready line."""
-    exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ)
+    exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ, user=user,
+                              workdir=workdir)
     it = _Interp(exec_id, st)
     line = None
     try:
@@ -365,6 +367,21 @@ def _start_interpreter(api, cid: str) -> _Interp:
     it.pid = int(msg.get("pid") or 0)
     it.err.clear()
     return it
+
+
+def attach_and_start(api, cid: str) -> Any:
+    """Attach to PID 1's stdin (the socket whose closing ends the container), then start it; on failure the
+    container is removed and the error raised. Returns the socket."""
+    try:
+        watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
+        api.start(cid)
+    except Exception:
+        try:
+            api.remove_container(cid, force=True)
+        except Exception:  # noqa: BLE001, S110 - the create error is what matters
+            pass
+        raise
+    return watch
 
 
 class DockerSandbox:
@@ -416,7 +433,8 @@ class DockerSandbox:
                           error=f"{what}: {type(e).__name__}: {str(e)[:500]}")
 
     def _start_exec(self, argv: list[str], *, stdin: bool) -> tuple[str, _Stream]:
-        return _start_exec(self._api, self._box.id, argv, stdin=stdin)
+        return _start_exec(self._api, self._box.id, argv, stdin=stdin, user=self._owner.exec_user,
+                           workdir=self._owner.exec_workdir)
 
     def _exit_code(self, exec_id: str, wait_s: float = 1.0) -> int | None:
         end = time.monotonic() + wait_s
@@ -587,7 +605,8 @@ class DockerSandbox:
                          "variables are gone")
         try:
             if self._interp is None:
-                self._interp = _start_interpreter(self._api, self._box.id)
+                self._interp = _start_interpreter(self._api, self._box.id, self._owner.exec_user,
+                                                  self._owner.exec_workdir)
         except Exception as e:
             if not _is_infra(e) and not isinstance(e, SandboxError):
                 raise
@@ -689,6 +708,8 @@ class DockerBackend:
     """Docker engine with a warm pool of fresh containers; one container per episode, never reused."""
 
     name = "docker"
+    exec_user = SANDBOX_USER  # who every exec and the interpreter run as, and where (sandbox/taskenv.py sets its own)
+    exec_workdir = WORKDIR
 
     def __init__(self, config: SandboxConfig, *, pool_size: int = 2, max_sandboxes: int = 64,
                  acquire_timeout_s: float = 120.0, client=None):
@@ -753,16 +774,7 @@ class DockerBackend:
             labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance}, host_config=host_config,
         )
         cid = cont["Id"]
-        try:
-            watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
-            api.start(cid)
-        except Exception:
-            try:
-                api.remove_container(cid, force=True)
-            except Exception:  # noqa: BLE001, S110 - the create error is what matters
-                pass
-            raise
-        box = _Container(cid, watch, _Cgroup(cid))
+        box = _Container(cid, attach_and_start(api, cid), _Cgroup(cid))
         if prestart:
             try:
                 box.interp = _start_interpreter(api, cid)

@@ -1,4 +1,5 @@
-"""Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format.
+"""Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format;
+and for tracing tools, a folder of ATIF v1.8 files, one per episode (warehouse/atif.py).
 
 Both exports select de-duplicated trajectories with an optional SQL WHERE clause and/or simple filters (verdict,
 suite, split, source, run_id, round), in a stable order (run_id, round, created_at, trajectory_id).
@@ -27,7 +28,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -177,6 +178,30 @@ def export_datasets(root: str, out_dir: str, where: str | None = None, *, overwr
     return ExportResult(path=out_dir, n_rows=table.num_rows, fmt="datasets")
 
 
+def export_atif(root: str, out_dir: str, where: str | None = None, *, overwrite: bool = False,
+                **filters: Any) -> ExportResult:
+    """Write the selected trajectories to out_dir as ATIF v1.8, one `<trajectory_id>.json` per episode, with the
+    row's provenance in `extra.flywheel` (warehouse/atif.py). The folder appears whole (temp name, then rename)."""
+    from warehouse.atif import row_to_atif
+    from warehouse.record import Trajectory
+
+    _check_out(out_dir, overwrite)
+    clause, params = build_where(where, **filters)
+    n = 0
+
+    def write(tmp: str) -> None:
+        nonlocal n
+        os.makedirs(tmp)
+        for row in _iter_rows(root, clause, params):
+            doc = row_to_atif(Trajectory.model_validate(row))
+            with open(os.path.join(tmp, f"{doc['trajectory_id']}.json"), "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+            n += 1
+
+    _save_folder(write, out_dir)
+    return ExportResult(path=out_dir, n_rows=n, fmt="atif")
+
+
 def _snapshot_rows(root: str, snapshot_id: str) -> list[dict[str, Any]]:
     """The snapshot's trajectories with their manifest weight, in manifest order (ExportError when the snapshot is
     unknown or the lake lost some of its rows)."""
@@ -235,11 +260,16 @@ def export_snapshot(root: str, snapshot_id: str, out: str, fmt: Literal["jsonl",
 
 
 def _save_dataset(ds: Any, out_dir: str) -> None:
+    _save_folder(ds.save_to_disk, out_dir)
+
+
+def _save_folder(write: Callable[[str], Any], out_dir: str) -> None:
+    """`write(tmp)` fills a temp folder beside out_dir, which then replaces out_dir whole (or is removed)."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        ds.save_to_disk(tmp)
+        write(tmp)
         if os.path.isdir(out_dir):  # overwrite=True (checked by the caller)
             shutil.rmtree(out_dir)
         elif os.path.exists(out_dir):
@@ -250,7 +280,7 @@ def _save_dataset(ds: Any, out_dir: str) -> None:
             shutil.rmtree(tmp)
 
 
-def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets"] = "jsonl", where: str | None = None,
+def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif"] = "jsonl", where: str | None = None,
                    verdict: list[str] | None = None, suite: list[str] | None = None, split: list[str] | None = None,
                    source: list[str] | None = None, run_id: list[str] | None = None, round: list[int] | None = None,
                    arguments_as: ArgumentsAs = "string", metadata: bool = False,
@@ -266,4 +296,6 @@ def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets"] = "jso
             raise ExportError("a datasets folder keeps tool arguments as JSON strings (Arrow needs one type per "
                               "column); use --format jsonl for arguments as objects")
         return export_datasets(root, out, where, overwrite=overwrite, **filters)
-    raise ExportError(f"unknown export format {fmt!r}: choose jsonl or datasets")
+    if fmt == "atif":
+        return export_atif(root, out, where, overwrite=overwrite, **filters)
+    raise ExportError(f"unknown export format {fmt!r}: choose jsonl, datasets or atif")
