@@ -76,6 +76,14 @@ class Backend(Protocol):
         """Release every sandbox and pooled resource of this backend."""
         ...
 
+    def __enter__(self) -> Backend:
+        """The backend itself: every caller holds one as `with open_backend(config) as backend:`."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        """shutdown()."""
+        ...
+
 
 class SandboxError(Exception):
     """Base of sandbox infrastructure errors (never the program's fault)."""
