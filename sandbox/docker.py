@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.capture import Capture, text, with_notes
 from sandbox.engine import (
     BACKEND_LABEL,
     LABEL,
@@ -53,9 +54,11 @@ from sandbox.engine import (
     image_id,
     owner_tag,
 )
-from sandbox.interpreter import exec_fields, interpreter_argv
+from sandbox.files import write_files
+from sandbox.interpreter import interpreter_argv
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
+from sandbox.verdicts import exec_fields, exec_verdict
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,6 @@ GRACE_S = 2.0  # how long past its timeout a call may take before our own backst
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
 STARTUP_TIMEOUT_S = 30.0
-MIN_FLOOD_BYTES = 32 * 1024 * 1024  # output beyond max(this, 8 x the cap) kills the call (resource_limit)
 
 # PID 1: ignore every catchable signal (the kernel drops SIGKILL/SIGSTOP sent to init from inside), reap orphans,
 # and exit as soon as stdin reaches EOF (the owning process is gone).
@@ -102,23 +104,6 @@ for _ in range(3):
             try: os.kill(int(d), signal.SIGKILL)
             except OSError: pass
 """
-
-# Write files into the workspace from a JSON object {relative path: text} on stdin; never follows a symlink.
-WRITE_SOURCE = r"""
-import json, os, sys
-files = json.loads(sys.stdin.buffer.read(int(sys.argv[1])))
-root = os.path.realpath(os.getcwd())
-for rel, text in files.items():
-    path = os.path.normpath(os.path.join(root, rel))
-    if not path.startswith(root + os.sep):
-        print(f"refusing path outside the workspace: {rel!r}", file=sys.stderr); sys.exit(2)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try: os.unlink(path)
-    except FileNotFoundError: pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
-"""
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # cgroup counters: OOM kills and pids-limit hits of one container
@@ -241,35 +226,6 @@ class _Stream:
                 pass
 
 
-class _Capture:
-    """stdout/stderr accumulation with a per-stream cap and a flood limit."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.flood = max(MIN_FLOOD_BYTES, 8 * limit)
-        self.out = bytearray()
-        self.err = bytearray()
-        self.total = 0
-        self.truncated = False
-
-    def add(self, kind: int, data: bytes) -> None:
-        self.total += len(data)
-        target = self.err if kind == 2 else self.out
-        room = self.limit - len(target)
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        target += data
-
-    @property
-    def flooded(self) -> bool:
-        return self.total > self.flood
-
-
-def _text(b: bytes | bytearray) -> str:
-    return bytes(b).decode("utf-8", errors="replace")
-
-
 def _is_infra(e: BaseException) -> bool:
     import docker.errors
     import requests
@@ -361,7 +317,7 @@ def _start_interpreter(api, cid: str) -> _Interp:
     if not isinstance(msg, dict) or msg.get("ready") is not True:
         st.close()
         raise SandboxError(f"the interpreter did not start (first line {line!r:.200}; stderr "
-                           f"{_text(it.err)[-300:]!r})")
+                           f"{text(it.err)[-300:]!r})")
     it.pid = int(msg.get("pid") or 0)
     it.err.clear()
     return it
@@ -475,7 +431,7 @@ class DockerSandbox:
         if self.closed:
             return self._infra("exec", SandboxError("sandbox already closed"), t0)
         before = self._counters()
-        cap = _Capture(self.config.output_limit_bytes)
+        cap = Capture(self.config.output_limit_bytes)
         cmd = ["timeout", "-s", "KILL", f"{timeout_s:.3f}", *argv]
         try:
             exec_id, st = self._start_exec(cmd, stdin=stdin is not None)
@@ -524,25 +480,13 @@ class DockerSandbox:
         timed_out = backstop or (exit_code in (124, 137) and elapsed >= timeout_s)
         if backstop:
             notes.append(f"[sandbox] no exit {GRACE_S:g}s past the {timeout_s:g}s timeout: killed by the backstop")
-        if flooded:
-            notes.append(f"[sandbox] output flood (over {cap.flood} bytes): killed")
-        if oom or flooded:
-            verdict = "resource_limit"
-        elif timed_out:
-            verdict = "timeout"
-        elif pids:
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif exit_code == 0:
-            verdict = "ok"
-        else:
-            verdict = "error"
-        if oom:
-            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
-        stderr = _text(cap.err) + ("\n" if notes and cap.err else "") + "\n".join(notes)
-        return ExecResult(exit_code=None if (backstop or flooded) else exit_code, stdout=_text(cap.out),
-                          stderr=stderr, timed_out=timed_out, oom_killed=oom, truncated=cap.truncated or flooded,
-                          duration_ms=elapsed * 1000, verdict=verdict)
+        # Docker reports a signal as exit 128 + n, which a program can also exit with: killed_by stays unknown
+        verdict, note = exec_verdict(
+            exit_code=exit_code, killed_by=None, timed_out=timed_out, flooded=flooded, flood_bytes=cap.flood,
+            oom=oom, pids=pids, stderr=cap.err, memory_mb=self.config.memory_mb, pids_limit=self.config.pids_limit)
+        return ExecResult(exit_code=None if (backstop or flooded) else exit_code, stdout=cap.stdout(),
+                          stderr=cap.stderr([*notes, note]), timed_out=timed_out, oom_killed=oom,
+                          truncated=cap.truncated or flooded, duration_ms=elapsed * 1000, verdict=verdict)
 
     def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         """Run code in this episode's persistent interpreter (globals kept across calls)."""
@@ -623,7 +567,7 @@ class DockerSandbox:
                 hung = not it.stream.eof and broke is None
                 raw["died"] = True
                 raw["timed_out"] = hung and time.monotonic() - start >= timeout_s
-                died_err = _text(it.err)[-2000:]
+                died_err = text(it.err)[-2000:]
                 oom = self._oom_since(before)  # before any reset swaps the container
                 pids = not oom and self._pids_hit(before)
                 status, reset = self._kill_interpreter()
@@ -649,32 +593,16 @@ class DockerSandbox:
                 raise
             return self._infra("the interpreter connection failed", e, t0)
         raw["duration_ms"] = (time.monotonic() - start) * 1000
-        fields = exec_fields(raw)
-        if oom:
-            fields.update(verdict="resource_limit", oom_killed=True)
-            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
-        elif pids:
-            fields["verdict"] = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif raw["died"] and not raw["timed_out"]:
-            # Docker tells an OOM kill apart (above); any other death is the code killing its own interpreter.
-            fields["verdict"] = "error"
-        if notes:
-            fields["stderr"] = fields["stderr"] + ("\n" if fields["stderr"] else "") + "\n".join(notes)
+        fields = exec_fields(raw, oom=oom, pids=pids, memory_mb=self.config.memory_mb,
+                             pids_limit=self.config.pids_limit)
+        fields["stderr"] = with_notes(fields["stderr"], notes)
         fields["duration_ms"] = (time.perf_counter() - t0) * 1000
         return ExecResult(**fields)
 
     def write_files(self, files: dict[str, str]) -> None:
         """Write text files under /workspace (relative paths; parents created; symlinks replaced, never followed)."""
-        if not files:
-            return
-        payload = json.dumps(files).encode()
         with self._lock:
-            res = self._exec(["python3", "-S", "-c", WRITE_SOURCE, str(len(payload))],
-                             max(self.config.timeout_s, 10.0), payload)
-        if res.verdict != "ok":
-            raise SandboxError(f"writing {len(files)} file(s) into the sandbox failed ({res.verdict}): "
-                               f"{(res.error or res.stderr)[-500:]}")
+            write_files(self._exec, "python3", files, self.config.timeout_s)
 
     def close(self) -> None:
         """Remove the container (force); idempotent."""

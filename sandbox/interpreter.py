@@ -23,8 +23,8 @@ thread, re-raised every 0.1 s if the code swallows it; a watchdog thread kills t
 after the deadline so a call blocked in C (`os.system`) returns. Code that blocks signals is the host's job:
 `InterpreterClient` keeps a hard deadline (timeout + grace) and then kills the process through a callback.
 
-This module does not start sandboxes, map results to `ExecResult` verdicts beyond `exec_fields`, or enforce limits
-other than time and output size (memory, pids, disk, network belong to the backend).
+This module does not start sandboxes, map results to `ExecResult` verdicts (sandbox/verdicts.py does), or enforce
+limits other than time and output size (memory, pids, disk, network belong to the backend).
 """
 
 from __future__ import annotations
@@ -408,10 +408,10 @@ class _Zygote:
             return {"error": f"spawn needs 3 file descriptors, got {len(fds)}"}
         pid = os.fork()
         if pid == 0:  # the episode's interpreter
+            # No death signal tied to the zygote: user code can kill the zygote (`os.kill(-1, SIGKILL)`), and the
+            # cell that did so must still finish and answer, as on Docker. The backend kills an orphaned
+            # interpreter itself (the zygote's `kill` failing means: kill every process of the sandbox).
             try:
-                self.libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the zygote
-                if os.getppid() != self.pid:
-                    os._exit(137)
                 self.libc.prctl(4, 1, 0, 0, 0)  # dumpable again: user code reads its own /proc/self as usual
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
@@ -643,7 +643,9 @@ class InterpreterClient:
                 "duration_ms": duration_ms}
 
     def call(self, code: str, timeout_s: float, output_limit: int) -> dict[str, Any]:
-        """Run one cell; return the fields of an `ExecResult` (see `exec_fields`)."""
+        """Run one cell; return the fields of an `ExecResult` (see sandbox/verdicts.py `exec_fields`)."""
+        from sandbox.verdicts import exec_fields  # host side only: the program above imports nothing of ours
+
         return exec_fields(self.call_raw(code, timeout_s, output_limit))
 
     def close(self) -> None:
@@ -653,40 +655,6 @@ class InterpreterClient:
         except OSError:
             pass
         self._die()
-
-
-def exec_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """Map a `call_raw` response to the fields of `sandbox.result.ExecResult` (same verdicts on every backend).
-
-    ok: the cell finished (or SystemExit(0)); error: an uncaught exception, a nonzero SystemExit, or the code killed
-    its own interpreter; timeout: past timeout_s; resource_limit: MemoryError, or the interpreter killed by
-    SIGXCPU/SIGXFSZ (an rlimit). The traceback stays in stderr (what the model sees); ExecResult.error is only for
-    infrastructure text, so it is None here.
-    """
-    stderr = raw["stderr"]
-    if raw["timed_out"]:
-        verdict, exit_code = "timeout", None
-        if raw["died"]:
-            stderr += "\n[the interpreter did not stop at its timeout and was killed; variables are lost, files are kept]"
-    elif raw["died"]:
-        status = raw.get("exit_status")
-        if status is not None and -status in (signal.SIGXCPU, signal.SIGXFSZ):
-            verdict = "resource_limit"
-        else:
-            verdict = "error"
-        exit_code = status
-        stderr += "\n[the interpreter died; variables of this episode are lost, files are kept]"
-    elif raw["memory_error"]:
-        verdict, exit_code = "resource_limit", 1
-    elif raw["error"] is not None:
-        verdict, exit_code = "error", 1
-    elif raw["exit_code"] not in (None, 0):
-        verdict, exit_code = "error", raw["exit_code"]
-    else:
-        verdict, exit_code = "ok", 0
-    return {"exit_code": exit_code, "stdout": raw["stdout"], "stderr": stderr, "timed_out": raw["timed_out"],
-            "oom_killed": False, "truncated": bool(raw["truncated"]), "duration_ms": raw["duration_ms"],
-            "verdict": verdict, "error": None}
 
 
 if __name__ == "__main__":

@@ -55,8 +55,11 @@ import weakref
 from pathlib import Path
 from typing import Self
 
-from sandbox.interpreter import ZYGOTE_ARG, InterpreterClient, InterpreterError, exec_fields, interpreter_source
+from sandbox.capture import STDERR, STDOUT, Capture, with_notes
+from sandbox.files import write_files
+from sandbox.interpreter import ZYGOTE_ARG, InterpreterClient, InterpreterError, interpreter_source
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
+from sandbox.verdicts import exec_fields, exec_verdict
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,6 @@ GRACE_S = 2.0  # how long past its timeout a call may run before the host kills 
 START_TIMEOUT_S = 10.0
 STRAY_WAIT_S = 2.0  # how long killing a call's leftover processes waits for them to exit
 ZYGOTE_TIMEOUT_S = 5.0  # a zygote that does not answer a request in this time is broken: the sandbox is destroyed
-MIN_FLOOD_BYTES = 32 * 1024 * 1024  # exec output beyond max(this, 8 x the cap) kills the call (resource_limit)
 SANDBOX_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
@@ -164,25 +166,6 @@ if os.WIFSIGNALED(status):
 os._exit(os.waitstatus_to_exitcode(status))
 """
 
-# Write files into the workspace from a JSON object {relative path: text} on stdin; never follows a symlink.
-WRITE_SOURCE = r"""
-import json, os, sys
-files = json.loads(sys.stdin.buffer.read())
-root = os.path.realpath(os.getcwd())
-for rel, text in files.items():
-    path = os.path.normpath(os.path.join(root, rel))
-    if not path.startswith(root + os.sep):
-        print(f"refusing path outside the workspace: {rel!r}", file=sys.stderr); sys.exit(2)
-    parent = os.path.dirname(path)
-    if os.path.realpath(parent) != parent:
-        print(f"refusing path through a symlink: {rel!r}", file=sys.stderr); sys.exit(2)
-    os.makedirs(parent, exist_ok=True)
-    try: os.unlink(path)
-    except FileNotFoundError: pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
-"""
-
 
 def _host_python() -> str:
     """The python3 under /usr: bound read-only into the sandbox and used to enter it."""
@@ -213,12 +196,6 @@ def _root_binds() -> list[str]:
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
     return args
-
-
-def _memory_error(stderr: bytes | bytearray) -> bool:
-    """Whether a program's stderr ends with Python's MemoryError (how RLIMIT_AS shows in a python process)."""
-    lines = stderr.rstrip().splitlines()
-    return bool(lines) and lines[-1].startswith(b"MemoryError")
 
 
 def _fork_failed(stderr: bytes | bytearray | str) -> bool:
@@ -541,14 +518,11 @@ class LocalSandbox:
             proc, status_r = self._enter(wrapped, exec_call=True, timeout_s=timeout_s, stdin=stdin is not None)
         except (OSError, SandboxError) as e:
             return self._infra("starting the command failed", e, t0)
-        limit = self.config.output_limit_bytes
-        flood_at = max(MIN_FLOOD_BYTES, 8 * limit)
+        cap = Capture(self.config.output_limit_bytes)
         assert proc.stdout is not None and proc.stderr is not None
-        proc_err = proc.stderr.fileno()
-        bufs = {proc.stdout.fileno(): bytearray(), proc_err: bytearray()}
-        seen = dict.fromkeys(bufs, 0)
-        open_fds = set(bufs)
-        for fd in bufs:
+        streams = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
+        open_fds = set(streams)
+        for fd in streams:
             os.set_blocking(fd, False)
         pending = memoryview(stdin or b"")
         if proc.stdin is not None:
@@ -565,10 +539,7 @@ class LocalSandbox:
                 if not data:
                     open_fds.discard(fd)
                     return
-                room = limit - len(bufs[fd])
-                if room > 0:
-                    bufs[fd] += data[:room]
-                seen[fd] += len(data)
+                cap.add(streams[fd], data)
 
         pidfd = os.pidfd_open(proc.pid)
         deadline = time.monotonic() + timeout_s
@@ -602,7 +573,7 @@ class LocalSandbox:
                         pending = memoryview(b"")
                     if not pending:
                         proc.stdin.close()
-                if max(seen.values()) > flood_at:
+                if cap.flooded:
                     flooded = True
                     break
                 if pidfd in r:
@@ -610,7 +581,7 @@ class LocalSandbox:
         finally:
             os.close(pidfd)
         notes = []
-        pids = self._pids_hit(bufs[proc_err])
+        pids = self._pids_hit(cap.err)
         if timed_out or flooded or pids:
             n = self._kill_strays(keep=self._interp_keep())
             if n:
@@ -628,32 +599,13 @@ class LocalSandbox:
         if entry_error is not None:
             return self._infra("entering the sandbox failed", SandboxError(entry_error), t0)
         elapsed = time.perf_counter() - t0
-        code = proc.returncode
-        truncated = any(n > limit for n in seen.values())
-        if flooded:
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] output flood (> {flood_at} bytes): killed")
-        elif pids:
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif timed_out:
-            verdict = "timeout"
-        elif code == 0:
-            verdict = "ok"
-        elif code is not None and -code in (signal.SIGXCPU, signal.SIGXFSZ):
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] killed by {signal.Signals(-code).name} (a resource limit)")
-        elif _memory_error(bufs[proc_err]):
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] the memory limit ({self.config.memory_mb} MB per process) was reached")
-        else:
-            verdict = "error"
-        out, err = (bytes(b).decode("utf-8", "replace") for b in bufs.values())
-        if notes:
-            err += ("\n" if err else "") + "\n".join(notes)
-        return ExecResult(exit_code=None if (timed_out or flooded) else code, stdout=out, stderr=err,
-                          timed_out=timed_out, truncated=truncated or flooded, duration_ms=elapsed * 1000,
-                          verdict=verdict)
+        code = None if (timed_out or flooded) else proc.returncode
+        verdict, note = exec_verdict(
+            exit_code=code, killed_by=-code if code is not None and code < 0 else None, timed_out=timed_out,
+            flooded=flooded, flood_bytes=cap.flood, oom=False, pids=pids, stderr=cap.err,
+            memory_mb=self.config.memory_mb, pids_limit=self.config.pids_limit)
+        return ExecResult(exit_code=code, stdout=cap.stdout(), stderr=cap.stderr([*notes, note]), timed_out=timed_out,
+                          truncated=cap.truncated or flooded, duration_ms=elapsed * 1000, verdict=verdict)
 
     # -- the zygote and run_python -------------------------------------------------------------------------------
     def _start_zygote(self) -> None:
@@ -791,7 +743,6 @@ class LocalSandbox:
         if raw["died"] and not self.alive():
             self._drop_interpreter()
             return self._infra("run_python", SandboxError("the sandbox's PID 1 died during the call"), t0)
-        fields = exec_fields(raw)
         notes = [self._note] if self._note else []
         self._note = None
         pids = self._pids_hit(raw["error"] or "", peak[0])
@@ -799,27 +750,19 @@ class LocalSandbox:
             n = self._kill_strays(keep=self._interp_keep())
             if n:
                 notes.append(f"[sandbox] killed {n} process(es) the call left behind")
-        if pids:
-            fields["verdict"] = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
+        fields = exec_fields(raw, pids=pids, memory_mb=self.config.memory_mb, pids_limit=self.config.pids_limit)
         if raw["died"]:
             self._drop_interpreter()
             self._note = "[sandbox] a fresh interpreter started: variables from earlier calls are gone, files are kept"
-        if notes:
-            fields["stderr"] = "\n".join(notes) + ("\n" + fields["stderr"] if fields["stderr"] else "")
+        fields["stderr"] = with_notes(fields["stderr"], notes)
         fields["duration_ms"] = (time.perf_counter() - t0) * 1000
         return ExecResult(**fields)
 
     # -- files and close -----------------------------------------------------------------------------------------
     def write_files(self, files: dict[str, str]) -> None:
         """Write text files under /workspace (relative paths; parents created; symlinks replaced, never followed)."""
-        if not files:
-            return
-        res = self.exec([self._owner.python, "-c", WRITE_SOURCE], timeout_s=max(self.config.timeout_s, 10.0),
-                        stdin=json.dumps(files).encode())
-        if res.verdict != "ok":
-            raise SandboxError(f"writing {len(files)} file(s) into the sandbox failed ({res.verdict}): "
-                               f"{(res.error or res.stderr)[-500:]}")
+        write_files(lambda argv, timeout_s, stdin: self.exec(argv, timeout_s=timeout_s, stdin=stdin),
+                    self._owner.python, files, self.config.timeout_s)
 
     def close(self) -> None:
         """End the episode: with `reuse`, hand the sandbox back to be reset for another episode (a new handle; this

@@ -7,7 +7,7 @@ This module runs nothing.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,7 +76,7 @@ class Backend(Protocol):
         """Release every sandbox and pooled resource of this backend."""
         ...
 
-    def __enter__(self) -> Backend:
+    def __enter__(self) -> Self:
         """The backend itself: every caller holds one as `with open_backend(config) as backend:`."""
         ...
 

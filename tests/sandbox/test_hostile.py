@@ -102,8 +102,10 @@ def test_kill_all_and_kill_parent(episode, marker):
     canary = subprocess.Popen(["sh", "-c", "sleep 60", f"canary-{marker}"])
     try:
         episode.run_python("x = 1")
-        r = episode.run_python("import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('survived')")
-        assert r.verdict in ("ok", "error"), r  # kill(-1) spares the caller; whatever died was the sandbox's
+        # kill(-1) spares the caller (ESRCH when there is nothing else to kill); whatever died was the sandbox's
+        r = episode.run_python("import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\n"
+                               "except ProcessLookupError:\n    pass\nprint('survived')")
+        assert r.verdict == "ok" and r.stdout.strip() == "survived", r
         r = episode.exec(["sh", "-c", "kill -9 -1; sleep 1"])
         assert r.verdict == "error" and not r.timed_out, r
         r = episode.run_python("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(0, signal.SIGKILL)")
@@ -193,18 +195,17 @@ def test_gradual_memory_bomb(episode):
 def test_infinite_stdout(episode):
     t = time.monotonic()
     r = episode.run_python("while True:\n    print('x' * 1000)", timeout_s=1.5)
-    assert r.verdict in ("timeout", "resource_limit") and r.truncated, r
+    assert r.verdict == "timeout" and r.timed_out and r.truncated, r  # the interpreter drops what is past the cap
     assert len(r.stdout.encode()) <= LIMIT
     assert time.monotonic() - t < 1.5 + GRACE + SLACK
 
 
 def test_infinite_stderr(episode, marker):
-    t = time.monotonic()
+    # a timeout far past the flood limit (32 MiB, written in well under a second): the flood ends the call
     r = episode.exec(["python3", "-c", "import sys\nwhile True:\n    sys.stderr.write('e' * 1000)", marker],
-                     timeout_s=1.5)
-    assert r.verdict in ("timeout", "resource_limit") and r.truncated, r
+                     timeout_s=30)
+    assert r.verdict == "resource_limit" and not r.timed_out and r.truncated and "output flood" in r.stderr, r
     assert len(r.stderr.encode()) <= LIMIT + 1000  # the cap, plus the sandbox's own note
-    assert time.monotonic() - t < 1.5 + GRACE + SLACK
 
 
 def test_legitimate_10mb_burst_is_not_a_timeout(episode):

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from sandbox.interpreter import InterpreterClient, InterpreterError, exec_fields, interpreter_argv, interpreter_source
+from sandbox.interpreter import InterpreterClient, InterpreterError, interpreter_argv, interpreter_source
+from sandbox.verdicts import exec_fields
 
 LIMIT = 10_000
 
