@@ -29,7 +29,6 @@ This module does not build images (sandbox/image.py) nor choose a backend (sandb
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import queue
 import select
@@ -55,7 +54,7 @@ from sandbox.engine import (
     owner_tag,
 )
 from sandbox.files import write_files
-from sandbox.interpreter import interpreter_argv
+from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, interpreter_argv
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 from sandbox.verdicts import exec_fields, exec_verdict
@@ -238,36 +237,52 @@ def _is_infra(e: BaseException) -> bool:
 # containers
 
 
+class _ExecTransport:
+    """The interpreter's `docker exec -i` socket as an InterpreterClient transport: stdin out, Docker's framed
+    stdout/stderr in (stdout is the protocol; the process's own stderr is kept, up to 64 KiB, for error text)."""
+
+    def __init__(self, stream: _Stream):
+        self.stream = stream
+        self.err = bytearray()
+
+    def send(self, data: bytes, deadline: float) -> None:
+        self.stream.send(data, deadline)
+
+    def recv(self, deadline: float) -> bytes | None:
+        while True:
+            if self.stream.eof:
+                return b""
+            frames = self.stream.read_frames(max(deadline, time.monotonic() + 0.001))
+            if frames is None:
+                return None
+            out = b""
+            for kind, data in frames:
+                if kind == 2:
+                    self.err += data[: max(0, 65536 - len(self.err))]
+                else:
+                    out += data
+            if out:
+                return out
+            if self.stream.eof:
+                return b""
+            if time.monotonic() >= deadline:
+                return None
+
+    def stderr_tail(self) -> str:
+        return text(self.err)[-2000:]
+
+    def close(self) -> None:
+        self.stream.close()
+
+
 @dataclass
 class _Interp:
-    """The episode's running interpreter: its exec, socket, pid inside the container and protocol buffers."""
+    """The episode's running interpreter: its exec, socket, pid inside the container, and the protocol client."""
 
     exec_id: str
     stream: _Stream
+    client: InterpreterClient
     pid: int = 0
-    pending: bytes = b""
-    err: bytearray = field(default_factory=bytearray)
-
-    def read_line(self, deadline: float, limit: int) -> bytes | None:
-        """Next protocol line from the interpreter's stdout; None at EOF or past the deadline."""
-        while True:
-            nl = self.pending.find(b"\n")
-            if nl >= 0:
-                line, self.pending = self.pending[:nl], self.pending[nl + 1 :]
-                return line
-            if len(self.pending) > limit:
-                raise ValueError(f"interpreter wrote a protocol line over {limit} bytes")
-            if self.stream.eof:
-                return None
-            frames = self.stream.read_frames(deadline)
-            if frames is None:
-                return None
-            for kind, data in frames:
-                if kind == 2:
-                    if len(self.err) < 65536:
-                        self.err += data[: 65536 - len(self.err)]
-                else:
-                    self.pending += data
 
 
 @dataclass
@@ -297,30 +312,25 @@ def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_
 
 
 def _warm(it: _Interp) -> None:
-    """Run an empty cell (request id 0) so the interpreter's lazy imports are paid before an episode starts."""
-    it.stream.send(b'{"id": 0, "code": "pass", "timeout_s": 10, "output_limit": 1000}\n', time.monotonic() + 10)
-    line = it.read_line(time.monotonic() + 10, 1 << 16)
-    if line is None or json.loads(line).get("id") != 0:
-        raise SandboxError(f"the interpreter did not answer its warm-up call: {line!r:.200}")
+    """Run an empty cell so the interpreter's lazy imports are paid before an episode starts."""
+    raw = it.client.call_raw("pass", 10, 1000)
+    if raw["died"] or raw["exit_code"] != 0:
+        it.stream.close()
+        raise SandboxError(f"the interpreter did not answer its warm-up call: {raw['stderr'][-200:]!r}")
 
 
 def _start_interpreter(api, cid: str) -> _Interp:
     """Start sandbox/interpreter.py in the container with `docker exec -i` and wait for its ready line."""
     exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ)
-    it = _Interp(exec_id, st)
-    line = None
+    transport = _ExecTransport(st)
+    client = InterpreterClient(transport, grace_s=GRACE_S, startup_timeout_s=STARTUP_TIMEOUT_S)
     try:
-        line = it.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
-        msg = json.loads(line) if line is not None else None
-    except ValueError:
-        msg = None
-    if not isinstance(msg, dict) or msg.get("ready") is not True:
+        ready = client.wait_ready()
+    except InterpreterError as e:
         st.close()
-        raise SandboxError(f"the interpreter did not start (first line {line!r:.200}; stderr "
-                           f"{text(it.err)[-300:]!r})")
-    it.pid = int(msg.get("pid") or 0)
-    it.err.clear()
-    return it
+        raise SandboxError(str(e)) from e
+    transport.err.clear()
+    return _Interp(exec_id, st, client, int(ready.get("pid") or 0))
 
 
 class DockerSandbox:
@@ -336,7 +346,8 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self._interp: _Interp | None = box.interp
         box.interp = None
-        self._req = 0
+        self._call_before: _Counters | None = None  # the cgroup counters when the running call started
+        self._death: tuple[bool, bool, str | None] | None = None  # (oom, pids, reset note) when its interpreter died
         self._note: str | None = None  # said once in the next run_python's stderr (interpreter or sandbox reset)
         self._oom_seen = False
         self.closed = False
@@ -415,7 +426,7 @@ class DockerSandbox:
 
     def _drop_interpreter(self) -> None:
         if self._interp is not None:
-            self._interp.stream.close()
+            self._interp.client.close(kill=False)  # the interpreter exits on EOF; a dead container takes it along
         self._interp = None
 
     # -- Sandbox protocol ------------------------------------------------------------------------------------
@@ -493,18 +504,6 @@ class DockerSandbox:
         with self._lock:
             return self._run_python(code, timeout_s or self.config.timeout_s)
 
-    def _interp_gone(self) -> bool:
-        """True when the idle interpreter's stream has ended (it died between calls)."""
-        it = self._interp
-        if it is None or it.stream.eof:
-            return it is not None
-        try:
-            if _wait(it.stream.sock, select.POLLIN, 0):
-                it.read_line(time.monotonic() + 0.001, 1 << 16)  # consumes EOF (or a stray line)
-        except (OSError, ValueError):
-            return True
-        return it.stream.eof
-
     def _kill_interpreter(self) -> tuple[int | None, str | None]:
         """Kill the interpreter and everything else of the sandbox user; returns (exit status, reset note)."""
         it = self._interp
@@ -516,6 +515,16 @@ class DockerSandbox:
             status = -(code - 128) if code is not None and code > 128 else code
         return status, note
 
+    def _interpreter_died(self) -> int | None:
+        """The client's kill callback (the interpreter hung, died or broke the protocol during a call): read the
+        cgroup counters first (a reset may swap the container), then kill what is left; returns the exit status."""
+        before = self._call_before
+        oom = self._oom_since(before)
+        pids = not oom and self._pids_hit(before)
+        status, reset = self._kill_interpreter()
+        self._death = (oom, pids, reset)
+        return status
+
     def _run_python(self, code: str, timeout_s: float) -> ExecResult:
         t0 = time.perf_counter()
         if self.closed:
@@ -523,12 +532,10 @@ class DockerSandbox:
         before = self._counters()
         notes = [self._note] if self._note else []
         self._note = None
-        if self._interp is not None and self._interp_gone():
+        if self._interp is not None and self._interp.client.gone():
             gone_code = self._exit_code(self._interp.exec_id, wait_s=0.2) if self._interp.exec_id else None
             self._drop_interpreter()
-            notes.append(f"[sandbox] the interpreter had died since the last call (exit {gone_code}; an out-of-memory "
-                         "kill during an earlier command is the usual cause): a fresh one runs this call, earlier "
-                         "variables are gone")
+            notes.append(f"{GONE_NOTE} (exit {gone_code})")
         try:
             if self._interp is None:
                 self._interp = _start_interpreter(self._api, self._box.id)
@@ -537,62 +544,28 @@ class DockerSandbox:
                 raise
             return self._infra("starting the interpreter failed", e, t0)
         it = self._interp
-        self._req += 1
-        rid = self._req
-        limit = self.config.output_limit_bytes
-        raw: dict[str, Any] = {"id": rid, "stdout": "", "stderr": "", "truncated": False, "exit_code": None,
-                               "timed_out": False, "error": None, "memory_error": False, "died": False,
-                               "exit_status": None}
-        req = json.dumps({"id": rid, "code": code, "timeout_s": timeout_s, "output_limit": limit}) + "\n"
-        start = time.monotonic()
-        deadline = start + timeout_s + GRACE_S
-        broke: str | None = None
+        it.client.kill = self._interpreter_died
+        self._call_before, self._death = before, None
         try:
-            it.stream.send(req.encode("utf-8", "surrogatepass"), deadline)
-            line = it.read_line(deadline, 14 * limit + 65536)
-        except (OSError, TimeoutError, ValueError) as e:
-            line, broke = None, f"[interpreter channel broke: {e}]"
-        resp: dict | None = None
-        if line is not None:
-            try:
-                resp = json.loads(line)
-                if not isinstance(resp, dict) or resp.get("id") != rid:
-                    raise ValueError(f"expected id {rid}, got {line[:200]!r}")
-            except ValueError as e:
-                resp, broke = None, f"[interpreter broke the protocol: {e}]"
-        try:
-            if resp is not None:
-                raw.update({k: resp[k] for k in raw if k in resp and k not in ("died", "exit_status")})
-            else:  # the interpreter died, hung past the backstop, or broke the protocol: kill what is left
-                hung = not it.stream.eof and broke is None
-                raw["died"] = True
-                raw["timed_out"] = hung and time.monotonic() - start >= timeout_s
-                died_err = text(it.err)[-2000:]
-                oom = self._oom_since(before)  # before any reset swaps the container
-                pids = not oom and self._pids_hit(before)
-                status, reset = self._kill_interpreter()
-                raw["exit_status"] = status
-                raw["stderr"] = "\n".join(x for x in (broke, died_err.strip()) if x)
-                if hung:
-                    notes.append(f"[sandbox] the interpreter did not answer {GRACE_S:g}s past the {timeout_s:g}s "
-                                 "timeout and was killed")
+            raw = it.client.call_raw(code, timeout_s, self.config.output_limit_bytes)
+            if raw["died"]:
+                oom, pids, reset = self._death or (False, False, None)
                 if reset:
                     notes.append(reset)
-            if not raw["died"]:
+            else:
                 failed = raw["timed_out"] or raw["error"] is not None or raw["exit_code"] not in (None, 0)
                 # cgroup counters are cheap (two small files): always; without them, inspect only on failure
                 oom = self._oom_since(before) if (failed or before is not None) else False
                 pids = not oom and self._pids_hit(before)
-            if pids and not raw["died"]:
-                n = self._cleanup(it.pid)  # the forks that filled the pids table
-                if n:
-                    notes.append(n)
+                if pids:
+                    n = self._cleanup(it.pid)  # the forks that filled the pids table
+                    if n:
+                        notes.append(n)
         except Exception as e:
             self._drop_interpreter()
             if not _is_infra(e):
                 raise
             return self._infra("the interpreter connection failed", e, t0)
-        raw["duration_ms"] = (time.monotonic() - start) * 1000
         fields = exec_fields(raw, oom=oom, pids=pids, memory_mb=self.config.memory_mb,
                              pids_limit=self.config.pids_limit)
         fields["stderr"] = with_notes(fields["stderr"], notes)

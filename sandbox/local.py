@@ -57,7 +57,14 @@ from typing import Self
 
 from sandbox.capture import STDERR, STDOUT, Capture, with_notes
 from sandbox.files import write_files
-from sandbox.interpreter import ZYGOTE_ARG, InterpreterClient, InterpreterError, interpreter_source
+from sandbox.interpreter import (
+    GONE_NOTE,
+    ZYGOTE_ARG,
+    InterpreterClient,
+    InterpreterError,
+    PipeTransport,
+    interpreter_source,
+)
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 from sandbox.verdicts import exec_fields, exec_verdict
 
@@ -242,8 +249,6 @@ class LocalSandbox:
         self._owner = owner
         self._lock = threading.RLock()
         self._interp: InterpreterClient | None = None
-        self._interp_err = -1  # read end of the interpreter's original stderr (start-up errors land there)
-        self._interp_out = -1
         self._zygote: socket.socket | None = None
         self._zygote_proc: subprocess.Popen | None = None  # the enter helper that waits on the zygote
         self._zygote_pid = 0  # the zygote's host pid
@@ -694,8 +699,6 @@ class LocalSandbox:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
         pid = int(reply["pid"])
-        self._interp_err = err_r
-        stdin = os.fdopen(in_w, "wb")
 
         def kill() -> int | None:
             try:
@@ -704,16 +707,11 @@ class LocalSandbox:
                 self._kill_strays(keep=set())
                 return None
 
-        self._interp = InterpreterClient(stdin, out_r, kill, grace_s=GRACE_S)
-        self._interp_out = out_r
+        self._interp = InterpreterClient(PipeTransport(os.fdopen(in_w, "wb"), out_r, err_r), kill, grace_s=GRACE_S)
 
     def _drop_interpreter(self) -> None:
         if self._interp is not None:
             self._interp.close()
-            os.close(self._interp_out)
-        if self._interp_err >= 0:
-            os.close(self._interp_err)
-            self._interp_err = -1
         self._interp = None
 
     def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
@@ -725,15 +723,19 @@ class LocalSandbox:
         t0 = time.perf_counter()
         if self.closed:
             return self._infra("run_python", SandboxError("sandbox already closed"), t0)
+        notes = [self._note] if self._note else []
+        self._note = None
+        if self._interp is not None and self._interp.gone():  # killed between calls (e.g. by an exec's kill -9 -1)
+            self._drop_interpreter()
+            notes.append(GONE_NOTE)
         try:
             if self._interp is None:
                 self._start_interpreter()
             assert self._interp is not None
             self._interp.wait_ready()
         except (OSError, SandboxError, InterpreterError) as e:
-            detail = _read_now(self._interp_err) if self._interp_err >= 0 else ""
             self._drop_interpreter()
-            return self._infra("starting the interpreter failed", SandboxError(f"{e} {detail}".strip()), t0)
+            return self._infra("starting the interpreter failed", e, t0)
         peak = [0]  # the most tasks the sandbox held while the cell ran (sampled only past WATCH_INTERVAL_S)
 
         def watch() -> None:
@@ -743,8 +745,6 @@ class LocalSandbox:
         if raw["died"] and not self.alive():
             self._drop_interpreter()
             return self._infra("run_python", SandboxError("the sandbox's PID 1 died during the call"), t0)
-        notes = [self._note] if self._note else []
-        self._note = None
         pids = self._pids_hit(raw["error"] or "", peak[0])
         if raw["timed_out"] or raw["died"] or pids:
             n = self._kill_strays(keep=self._interp_keep())
