@@ -1,8 +1,9 @@
 """Choose and open a sandbox backend from a SandboxConfig; run one command in a fresh sandbox.
 
 `with open_backend(config) as backend:` opens the Docker backend (warm pool, sandbox/docker.py) or the local
-bubblewrap backend (sandbox/local.py). When Docker is asked for and no engine answers, it raises SandboxUnavailable naming the fix,
-unless the caller asked for `auto_fallback`: then it says so in a warning log line and opens the local backend.
+bubblewrap backend (sandbox/local.py). When Docker is asked for and no engine answers, it raises SandboxUnavailable
+naming the fix, unless the caller asked for `auto_fallback`: then it says so in a warning log line and opens the
+local backend.
 `check_backend(config)` is the cheap preflight (engine up, image present) that flows run before writing anything.
 `exec_once` is `flywheel sandbox exec`: a fresh sandbox, one command, one ExecResult.
 This module runs no sandbox logic of its own.

@@ -23,6 +23,9 @@ processes are killed (or, when nothing can start any more, the container is swap
 stderr). OOM kills and pids-limit hits are read from the container's cgroup counters (falling back to
 State.OOMKilled). Engine failures become verdict infra_error with the engine's message, never the program's
 failure; container creation is retried with backoff, then acquire() raises SandboxError.
+The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
+(sandbox/capture.py), the file writer (sandbox/files.py) and the interpreter-protocol client, which this module
+plugs into the exec socket (`_ExecTransport`, sandbox/interpreter.py).
 This module does not build images (sandbox/image.py) nor choose a backend (sandbox/backend.py).
 """
 
@@ -57,7 +60,7 @@ from sandbox.files import write_files
 from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, interpreter_argv
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
-from sandbox.verdicts import exec_fields, exec_verdict
+from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
 log = logging.getLogger(__name__)
 
@@ -379,8 +382,7 @@ class DockerSandbox:
         return before is not None and self._box.cgroup.read().pids_max > before.pids_max
 
     def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
-        return ExecResult(exit_code=None, verdict="infra_error", duration_ms=(time.perf_counter() - t0) * 1000,
-                          error=f"{what}: {type(e).__name__}: {str(e)[:500]}")
+        return infra_result(self.backend, what, e, t0)
 
     def _start_exec(self, argv: list[str], *, stdin: bool) -> tuple[str, _Stream]:
         return _start_exec(self._api, self._box.id, argv, stdin=stdin)

@@ -35,6 +35,9 @@ timeouts that kill the call's process group (and, on timeout, every process of t
 interpreter), stdout/stderr caps with a truncated flag, and an output flood far past the cap kills an `exec` call.
 There is no seccomp filter (Docker adds one).
 
+The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
+(sandbox/capture.py), the file writer (sandbox/files.py) and the interpreter-protocol client, which this module
+plugs into pipes (`PipeTransport`, sandbox/interpreter.py).
 This module does not choose a backend (sandbox/backend.py) and does not talk to Docker.
 """
 
@@ -66,7 +69,7 @@ from sandbox.interpreter import (
     interpreter_source,
 )
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
-from sandbox.verdicts import exec_fields, exec_verdict
+from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
 log = logging.getLogger(__name__)
 
@@ -500,9 +503,7 @@ class LocalSandbox:
         return n >= near
 
     def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
-        log.warning("local sandbox %s: %s", what, e)
-        return ExecResult(exit_code=None, verdict="infra_error", error=f"{what}: {type(e).__name__}: {e}",
-                          duration_ms=(time.perf_counter() - t0) * 1000)
+        return infra_result(self.backend, what, e, t0)
 
     # -- exec ----------------------------------------------------------------------------------------------------
     def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None) -> ExecResult:

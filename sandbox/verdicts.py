@@ -11,16 +11,21 @@ functions turn those observations into one ExecVerdict, with the rung written on
 
 A limit outranks the clock: a fork bomb that also runs out of time is `resource_limit`, on every backend.
 Each function also returns the `[sandbox]` note that says which limit was hit (None for the plain rungs).
+`infra_result` is the one shape of an infra_error result.
 This module observes nothing and runs nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
+import time
 from typing import Any
 
 from sandbox.capture import with_notes
-from sandbox.result import ExecVerdict
+from sandbox.result import ExecResult, ExecVerdict
+
+log = logging.getLogger(__name__)
 
 RLIMIT_SIGNALS = (signal.SIGXCPU, signal.SIGXFSZ)
 
@@ -88,6 +93,14 @@ def python_verdict(*, timed_out: bool, died: bool, killed_by: int | None, memory
     if died or error is not None or exit_code not in (None, 0):
         return "error", None
     return "ok", None
+
+
+def infra_result(backend: str, what: str, e: BaseException, t0: float) -> ExecResult:
+    """The result of a call the sandbox itself failed (verdict infra_error, never the program's fault): `what` failed
+    with `e`, the call having started at time.perf_counter() `t0`. Logged as a warning."""
+    log.warning("%s sandbox: %s: %s", backend, what, e)
+    return ExecResult(exit_code=None, verdict="infra_error", error=f"{what}: {type(e).__name__}: {str(e)[:500]}",
+                      duration_ms=(time.perf_counter() - t0) * 1000)
 
 
 def exec_fields(raw: dict[str, Any], *, oom: bool = False, pids: bool = False, memory_mb: int = 0,

@@ -17,6 +17,10 @@ import socket
 import subprocess
 import time
 
+import pytest
+
+from sandbox.result import SandboxError
+
 LIMIT = 64_000  # output_limit_bytes of the small config in conftest.py
 HOST_SECRET = os.environ["FLYWHEEL_TEST_HOST_SECRET"]  # set by conftest.py before any backend starts
 GRACE = 2.0  # the backends' backstop grace past a call's timeout
@@ -270,6 +274,12 @@ def test_symlink_tricks_on_files_read_back(tmp_path, episode):
     r = episode.exec(["sh", "-c", "cat out.txt; echo; test -L out.txt && echo LINK || echo FILE; cat /etc/hostname"])
     assert r.stdout.splitlines()[:2] == ["mine", "FILE"], r
     assert host_file.read_text() == HOST_SECRET
+    # and refuses a path whose folder is a planted symlink (on every backend: one writer, sandbox/files.py)
+    assert episode.exec(["ln", "-s", "/tmp", "linked"]).verdict == "ok"
+    with pytest.raises(SandboxError, match="refusing path through a symlink"):
+        episode.write_files({"linked/planted.txt": "x"})
+    r = episode.exec(["sh", "-c", "ls /tmp"])
+    assert r.verdict == "ok" and "planted.txt" not in r.stdout, r
 
 
 # ----------------------------------------------------------------------------------------------- secrets, network
