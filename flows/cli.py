@@ -390,11 +390,8 @@ def verify(
         raise UsageError(f"trajectory file {trajectories} does not exist; pass a JSONL file to --trajectories")
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, not {workers}")
-    be = open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(workers, 8)))
-    try:
+    with open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(workers, 8))) as be:
         verify_trajectories(str(trajectories), tasks_path=tasks, backend=be, workers=workers)
-    finally:
-        be.shutdown()
 
 
 @tasks_app.command("list")

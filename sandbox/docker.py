@@ -23,13 +23,15 @@ processes are killed (or, when nothing can start any more, the container is swap
 stderr). OOM kills and pids-limit hits are read from the container's cgroup counters (falling back to
 State.OOMKilled). Engine failures become verdict infra_error with the engine's message, never the program's
 failure; container creation is retried with backoff, then acquire() raises SandboxError.
+The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
+(sandbox/capture.py), the file writer (sandbox/files.py) and the interpreter-protocol client, which this module
+plugs into the exec socket (`_ExecTransport`, sandbox/interpreter.py).
 This module does not build images (sandbox/image.py) nor choose a backend (sandbox/backend.py).
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import queue
 import select
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.capture import Capture, text, with_notes
 from sandbox.engine import (
     BACKEND_LABEL,
     LABEL,
@@ -53,9 +56,11 @@ from sandbox.engine import (
     image_id,
     owner_tag,
 )
-from sandbox.interpreter import exec_fields, interpreter_argv
+from sandbox.files import write_files
+from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, interpreter_argv
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
+from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +68,6 @@ GRACE_S = 2.0  # how long past its timeout a call may take before our own backst
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
 STARTUP_TIMEOUT_S = 30.0
-MIN_FLOOD_BYTES = 32 * 1024 * 1024  # output beyond max(this, 8 x the cap) kills the call (resource_limit)
 
 # PID 1: ignore every catchable signal (the kernel drops SIGKILL/SIGSTOP sent to init from inside), reap orphans,
 # and exit as soon as stdin reaches EOF (the owning process is gone).
@@ -102,23 +106,6 @@ for _ in range(3):
             try: os.kill(int(d), signal.SIGKILL)
             except OSError: pass
 """
-
-# Write files into the workspace from a JSON object {relative path: text} on stdin; never follows a symlink.
-WRITE_SOURCE = r"""
-import json, os, sys
-files = json.loads(sys.stdin.buffer.read(int(sys.argv[1])))
-root = os.path.realpath(os.getcwd())
-for rel, text in files.items():
-    path = os.path.normpath(os.path.join(root, rel))
-    if not path.startswith(root + os.sep):
-        print(f"refusing path outside the workspace: {rel!r}", file=sys.stderr); sys.exit(2)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try: os.unlink(path)
-    except FileNotFoundError: pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
-"""
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # cgroup counters: OOM kills and pids-limit hits of one container
@@ -241,35 +228,6 @@ class _Stream:
                 pass
 
 
-class _Capture:
-    """stdout/stderr accumulation with a per-stream cap and a flood limit."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.flood = max(MIN_FLOOD_BYTES, 8 * limit)
-        self.out = bytearray()
-        self.err = bytearray()
-        self.total = 0
-        self.truncated = False
-
-    def add(self, kind: int, data: bytes) -> None:
-        self.total += len(data)
-        target = self.err if kind == 2 else self.out
-        room = self.limit - len(target)
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        target += data
-
-    @property
-    def flooded(self) -> bool:
-        return self.total > self.flood
-
-
-def _text(b: bytes | bytearray) -> str:
-    return bytes(b).decode("utf-8", errors="replace")
-
-
 def _is_infra(e: BaseException) -> bool:
     import docker.errors
     import requests
@@ -282,36 +240,52 @@ def _is_infra(e: BaseException) -> bool:
 # containers
 
 
+class _ExecTransport:
+    """The interpreter's `docker exec -i` socket as an InterpreterClient transport: stdin out, Docker's framed
+    stdout/stderr in (stdout is the protocol; the process's own stderr is kept, up to 64 KiB, for error text)."""
+
+    def __init__(self, stream: _Stream):
+        self.stream = stream
+        self.err = bytearray()
+
+    def send(self, data: bytes, deadline: float) -> None:
+        self.stream.send(data, deadline)
+
+    def recv(self, deadline: float) -> bytes | None:
+        while True:
+            if self.stream.eof:
+                return b""
+            frames = self.stream.read_frames(max(deadline, time.monotonic() + 0.001))
+            if frames is None:
+                return None
+            out = b""
+            for kind, data in frames:
+                if kind == 2:
+                    self.err += data[: max(0, 65536 - len(self.err))]
+                else:
+                    out += data
+            if out:
+                return out
+            if self.stream.eof:
+                return b""
+            if time.monotonic() >= deadline:
+                return None
+
+    def stderr_tail(self) -> str:
+        return text(self.err)[-2000:]
+
+    def close(self) -> None:
+        self.stream.close()
+
+
 @dataclass
 class _Interp:
-    """The episode's running interpreter: its exec, socket, pid inside the container and protocol buffers."""
+    """The episode's running interpreter: its exec, socket, pid inside the container, and the protocol client."""
 
     exec_id: str
     stream: _Stream
+    client: InterpreterClient
     pid: int = 0
-    pending: bytes = b""
-    err: bytearray = field(default_factory=bytearray)
-
-    def read_line(self, deadline: float, limit: int) -> bytes | None:
-        """Next protocol line from the interpreter's stdout; None at EOF or past the deadline."""
-        while True:
-            nl = self.pending.find(b"\n")
-            if nl >= 0:
-                line, self.pending = self.pending[:nl], self.pending[nl + 1 :]
-                return line
-            if len(self.pending) > limit:
-                raise ValueError(f"interpreter wrote a protocol line over {limit} bytes")
-            if self.stream.eof:
-                return None
-            frames = self.stream.read_frames(deadline)
-            if frames is None:
-                return None
-            for kind, data in frames:
-                if kind == 2:
-                    if len(self.err) < 65536:
-                        self.err += data[: 65536 - len(self.err)]
-                else:
-                    self.pending += data
 
 
 @dataclass
@@ -342,31 +316,26 @@ def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_
 
 
 def _warm(it: _Interp) -> None:
-    """Run an empty cell (request id 0) so the interpreter's lazy imports are paid before an episode starts."""
-    it.stream.send(b'{"id": 0, "code": "pass", "timeout_s": 10, "output_limit": 1000}\n', time.monotonic() + 10)
-    line = it.read_line(time.monotonic() + 10, 1 << 16)
-    if line is None or json.loads(line).get("id") != 0:
-        raise SandboxError(f"the interpreter did not answer its warm-up call: {line!r:.200}")
+    """Run an empty cell so the interpreter's lazy imports are paid before an episode starts."""
+    raw = it.client.call_raw("pass", 10, 1000)
+    if raw["died"] or raw["exit_code"] != 0:
+        it.stream.close()
+        raise SandboxError(f"the interpreter did not answer its warm-up call: {raw['stderr'][-200:]!r}")
 
 
 def _start_interpreter(api, cid: str, user: str = SANDBOX_USER, workdir: str = WORKDIR) -> _Interp:
     """Start sandbox/interpreter.py in the container with `docker exec -i` and wait for its ready line."""
     exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ, user=user,
                               workdir=workdir)
-    it = _Interp(exec_id, st)
-    line = None
+    transport = _ExecTransport(st)
+    client = InterpreterClient(transport, grace_s=GRACE_S, startup_timeout_s=STARTUP_TIMEOUT_S)
     try:
-        line = it.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
-        msg = json.loads(line) if line is not None else None
-    except ValueError:
-        msg = None
-    if not isinstance(msg, dict) or msg.get("ready") is not True:
+        ready = client.wait_ready()
+    except InterpreterError as e:
         st.close()
-        raise SandboxError(f"the interpreter did not start (first line {line!r:.200}; stderr "
-                           f"{_text(it.err)[-300:]!r})")
-    it.pid = int(msg.get("pid") or 0)
-    it.err.clear()
-    return it
+        raise SandboxError(str(e)) from e
+    transport.err.clear()
+    return _Interp(exec_id, st, client, int(ready.get("pid") or 0))
 
 
 def attach_and_start(api, cid: str) -> Any:
@@ -397,7 +366,8 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self._interp: _Interp | None = box.interp
         box.interp = None
-        self._req = 0
+        self._call_before: _Counters | None = None  # the cgroup counters when the running call started
+        self._death: tuple[bool, bool, str | None] | None = None  # (oom, pids, reset note) when its interpreter died
         self._note: str | None = None  # said once in the next run_python's stderr (interpreter or sandbox reset)
         self._oom_seen = False
         self.closed = False
@@ -429,8 +399,7 @@ class DockerSandbox:
         return before is not None and self._box.cgroup.read().pids_max > before.pids_max
 
     def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
-        return ExecResult(exit_code=None, verdict="infra_error", duration_ms=(time.perf_counter() - t0) * 1000,
-                          error=f"{what}: {type(e).__name__}: {str(e)[:500]}")
+        return infra_result(self.backend, what, e, t0)
 
     def _start_exec(self, argv: list[str], *, stdin: bool) -> tuple[str, _Stream]:
         return _start_exec(self._api, self._box.id, argv, stdin=stdin, user=self._owner.exec_user,
@@ -477,7 +446,7 @@ class DockerSandbox:
 
     def _drop_interpreter(self) -> None:
         if self._interp is not None:
-            self._interp.stream.close()
+            self._interp.client.close(kill=False)  # the interpreter exits on EOF; a dead container takes it along
         self._interp = None
 
     # -- Sandbox protocol ------------------------------------------------------------------------------------
@@ -493,7 +462,7 @@ class DockerSandbox:
         if self.closed:
             return self._infra("exec", SandboxError("sandbox already closed"), t0)
         before = self._counters()
-        cap = _Capture(self.config.output_limit_bytes)
+        cap = Capture(self.config.output_limit_bytes)
         cmd = ["timeout", "-s", "KILL", f"{timeout_s:.3f}", *argv]
         try:
             exec_id, st = self._start_exec(cmd, stdin=stdin is not None)
@@ -522,6 +491,7 @@ class DockerSandbox:
                     break
         finally:
             st.close()
+        ran_s = time.perf_counter() - t0  # until the output ended: what the `timeout` wrapper's clock can have seen
         notes: list[str] = []
         exit_code: int | None = None
         try:
@@ -539,45 +509,23 @@ class DockerSandbox:
                 raise
             return self._infra("docker exec inspect failed", e, t0)
         elapsed = time.perf_counter() - t0
-        timed_out = backstop or (exit_code in (124, 137) and elapsed >= timeout_s)
+        # exit 137 is also a program killed by `kill -9` from inside: a timeout only when it ran that long (the
+        # inspect calls above take time under load, so the clock stops where the output ended)
+        timed_out = backstop or (exit_code in (124, 137) and ran_s >= timeout_s)
         if backstop:
             notes.append(f"[sandbox] no exit {GRACE_S:g}s past the {timeout_s:g}s timeout: killed by the backstop")
-        if flooded:
-            notes.append(f"[sandbox] output flood (over {cap.flood} bytes): killed")
-        if oom or flooded:
-            verdict = "resource_limit"
-        elif timed_out:
-            verdict = "timeout"
-        elif pids:
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif exit_code == 0:
-            verdict = "ok"
-        else:
-            verdict = "error"
-        if oom:
-            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
-        stderr = _text(cap.err) + ("\n" if notes and cap.err else "") + "\n".join(notes)
-        return ExecResult(exit_code=None if (backstop or flooded) else exit_code, stdout=_text(cap.out),
-                          stderr=stderr, timed_out=timed_out, oom_killed=oom, truncated=cap.truncated or flooded,
-                          duration_ms=elapsed * 1000, verdict=verdict)
+        # Docker reports a signal as exit 128 + n, which a program can also exit with: killed_by stays unknown
+        verdict, note = exec_verdict(
+            exit_code=exit_code, killed_by=None, timed_out=timed_out, flooded=flooded, flood_bytes=cap.flood,
+            oom=oom, pids=pids, stderr=cap.err, memory_mb=self.config.memory_mb, pids_limit=self.config.pids_limit)
+        return ExecResult(exit_code=None if (backstop or flooded) else exit_code, stdout=cap.stdout(),
+                          stderr=cap.stderr([*notes, note]), timed_out=timed_out, oom_killed=oom,
+                          truncated=cap.truncated or flooded, duration_ms=elapsed * 1000, verdict=verdict)
 
     def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         """Run code in this episode's persistent interpreter (globals kept across calls)."""
         with self._lock:
             return self._run_python(code, timeout_s or self.config.timeout_s)
-
-    def _interp_gone(self) -> bool:
-        """True when the idle interpreter's stream has ended (it died between calls)."""
-        it = self._interp
-        if it is None or it.stream.eof:
-            return it is not None
-        try:
-            if _wait(it.stream.sock, select.POLLIN, 0):
-                it.read_line(time.monotonic() + 0.001, 1 << 16)  # consumes EOF (or a stray line)
-        except (OSError, ValueError):
-            return True
-        return it.stream.eof
 
     def _kill_interpreter(self) -> tuple[int | None, str | None]:
         """Kill the interpreter and everything else of the sandbox user; returns (exit status, reset note)."""
@@ -590,6 +538,16 @@ class DockerSandbox:
             status = -(code - 128) if code is not None and code > 128 else code
         return status, note
 
+    def _interpreter_died(self) -> int | None:
+        """The client's kill callback (the interpreter hung, died or broke the protocol during a call): read the
+        cgroup counters first (a reset may swap the container), then kill what is left; returns the exit status."""
+        before = self._call_before
+        oom = self._oom_since(before)
+        pids = not oom and self._pids_hit(before)
+        status, reset = self._kill_interpreter()
+        self._death = (oom, pids, reset)
+        return status
+
     def _run_python(self, code: str, timeout_s: float) -> ExecResult:
         t0 = time.perf_counter()
         if self.closed:
@@ -597,12 +555,10 @@ class DockerSandbox:
         before = self._counters()
         notes = [self._note] if self._note else []
         self._note = None
-        if self._interp is not None and self._interp_gone():
+        if self._interp is not None and self._interp.client.gone():
             gone_code = self._exit_code(self._interp.exec_id, wait_s=0.2) if self._interp.exec_id else None
             self._drop_interpreter()
-            notes.append(f"[sandbox] the interpreter had died since the last call (exit {gone_code}; an out-of-memory "
-                         "kill during an earlier command is the usual cause): a fresh one runs this call, earlier "
-                         "variables are gone")
+            notes.append(f"{GONE_NOTE} (exit {gone_code})")
         try:
             if self._interp is None:
                 self._interp = _start_interpreter(self._api, self._box.id, self._owner.exec_user,
@@ -612,88 +568,38 @@ class DockerSandbox:
                 raise
             return self._infra("starting the interpreter failed", e, t0)
         it = self._interp
-        self._req += 1
-        rid = self._req
-        limit = self.config.output_limit_bytes
-        raw: dict[str, Any] = {"id": rid, "stdout": "", "stderr": "", "truncated": False, "exit_code": None,
-                               "timed_out": False, "error": None, "memory_error": False, "died": False,
-                               "exit_status": None}
-        req = json.dumps({"id": rid, "code": code, "timeout_s": timeout_s, "output_limit": limit}) + "\n"
-        start = time.monotonic()
-        deadline = start + timeout_s + GRACE_S
-        broke: str | None = None
+        it.client.kill = self._interpreter_died
+        self._call_before, self._death = before, None
         try:
-            it.stream.send(req.encode("utf-8", "surrogatepass"), deadline)
-            line = it.read_line(deadline, 14 * limit + 65536)
-        except (OSError, TimeoutError, ValueError) as e:
-            line, broke = None, f"[interpreter channel broke: {e}]"
-        resp: dict | None = None
-        if line is not None:
-            try:
-                resp = json.loads(line)
-                if not isinstance(resp, dict) or resp.get("id") != rid:
-                    raise ValueError(f"expected id {rid}, got {line[:200]!r}")
-            except ValueError as e:
-                resp, broke = None, f"[interpreter broke the protocol: {e}]"
-        try:
-            if resp is not None:
-                raw.update({k: resp[k] for k in raw if k in resp and k not in ("died", "exit_status")})
-            else:  # the interpreter died, hung past the backstop, or broke the protocol: kill what is left
-                hung = not it.stream.eof and broke is None
-                raw["died"] = True
-                raw["timed_out"] = hung and time.monotonic() - start >= timeout_s
-                died_err = _text(it.err)[-2000:]
-                oom = self._oom_since(before)  # before any reset swaps the container
-                pids = not oom and self._pids_hit(before)
-                status, reset = self._kill_interpreter()
-                raw["exit_status"] = status
-                raw["stderr"] = "\n".join(x for x in (broke, died_err.strip()) if x)
-                if hung:
-                    notes.append(f"[sandbox] the interpreter did not answer {GRACE_S:g}s past the {timeout_s:g}s "
-                                 "timeout and was killed")
+            raw = it.client.call_raw(code, timeout_s, self.config.output_limit_bytes)
+            if raw["died"]:
+                oom, pids, reset = self._death or (False, False, None)
                 if reset:
                     notes.append(reset)
-            if not raw["died"]:
+            else:
                 failed = raw["timed_out"] or raw["error"] is not None or raw["exit_code"] not in (None, 0)
                 # cgroup counters are cheap (two small files): always; without them, inspect only on failure
                 oom = self._oom_since(before) if (failed or before is not None) else False
                 pids = not oom and self._pids_hit(before)
-            if pids and not raw["died"]:
-                n = self._cleanup(it.pid)  # the forks that filled the pids table
-                if n:
-                    notes.append(n)
+                if pids:
+                    n = self._cleanup(it.pid)  # the forks that filled the pids table
+                    if n:
+                        notes.append(n)
         except Exception as e:
             self._drop_interpreter()
             if not _is_infra(e):
                 raise
             return self._infra("the interpreter connection failed", e, t0)
-        raw["duration_ms"] = (time.monotonic() - start) * 1000
-        fields = exec_fields(raw)
-        if oom:
-            fields.update(verdict="resource_limit", oom_killed=True)
-            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
-        elif pids:
-            fields["verdict"] = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif raw["died"] and not raw["timed_out"]:
-            # Docker tells an OOM kill apart (above); any other death is the code killing its own interpreter.
-            fields["verdict"] = "error"
-        if notes:
-            fields["stderr"] = fields["stderr"] + ("\n" if fields["stderr"] else "") + "\n".join(notes)
+        fields = exec_fields(raw, oom=oom, pids=pids, memory_mb=self.config.memory_mb,
+                             pids_limit=self.config.pids_limit)
+        fields["stderr"] = with_notes(fields["stderr"], notes)
         fields["duration_ms"] = (time.perf_counter() - t0) * 1000
         return ExecResult(**fields)
 
     def write_files(self, files: dict[str, str]) -> None:
         """Write text files under /workspace (relative paths; parents created; symlinks replaced, never followed)."""
-        if not files:
-            return
-        payload = json.dumps(files).encode()
         with self._lock:
-            res = self._exec(["python3", "-S", "-c", WRITE_SOURCE, str(len(payload))],
-                             max(self.config.timeout_s, 10.0), payload)
-        if res.verdict != "ok":
-            raise SandboxError(f"writing {len(files)} file(s) into the sandbox failed ({res.verdict}): "
-                               f"{(res.error or res.stderr)[-500:]}")
+            write_files(self._exec, "python3", files, self.config.timeout_s)
 
     def close(self) -> None:
         """Remove the container (force); idempotent."""

@@ -57,12 +57,8 @@ def backend(request: pytest.FixtureRequest):
         pytest.skip("sandbox.local is not written yet")
     from sandbox.backend import open_backend
 
-    if kind == "local-reuse":
-        b = open_backend(small_config("local", reuse=True))
-    else:
-        b = open_backend(small_config(kind))
-    yield b
-    b.shutdown()
+    with open_backend(small_config("local", reuse=True) if kind == "local-reuse" else small_config(kind)) as b:
+        yield b
     if kind == "docker":
         assert own_containers(b) == [], "containers of this backend survived shutdown"
 

@@ -15,9 +15,8 @@ from tasks.unittests import run_unit_tests
 
 @pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
 def backend(request):
-    be = open_backend(SandboxConfig(backend=request.param))
-    yield be
-    be.shutdown()
+    with open_backend(SandboxConfig(backend=request.param)) as be:
+        yield be
 
 
 SPLIT = ["assert double(2) == 4", "assert double(-3) == -6\nassert double(0) == 0"]
