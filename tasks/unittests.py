@@ -7,8 +7,9 @@ task's pristine visible and hidden tests on one of two paths, chosen per test:
   each result back in plaindata's strict encoding; the host decodes plain values and evaluates the asserts. The
   expected values never enter the sandbox, so there is nothing in it to forge.
 - isolated: any other test runs in judgebox's runner, a non-dumpable process that never imports the solution and
-  reaches it only through proxies to a child call server; its report counts only with the per-run secret the
-  host gave it and exit status 0.
+  reaches it only through proxies to a call server; its report counts only with the per-run secret the host gave
+  it and exit status 0. On Docker the runner runs as another uid than the server and the solution (RUNNER_USER),
+  so they cannot signal, ptrace or read it; the local backend has one uid (each result's `isolation` says which).
 Anything short of one result per test (no report, a bad token or secret, an empty test list, a harness timeout)
 is a failure, never a pass. Infrastructure failures raise VerifierUnavailable. `replay_workspace` rebuilds an
 agent's final workspace from its tool calls when only the messages are at hand: on the host when the episode only
@@ -65,6 +66,9 @@ class TestResult(BaseModel):
                                                        "runner judged apart from the solution.")
     expected: str | None = Field(default=None, description="Short repr of the expected value (data path).")
     got: str | None = Field(default=None, description="Short repr of the value the call returned (data path).")
+    isolation: str | None = Field(default=None, description="Isolated path only: uid_split (runner and solution "
+                                                            "ran as different users: Docker) or same_uid (the local "
+                                                            "backend maps one uid, see RUNNER_USER).")
 
 
 class TestRun(BaseModel):
@@ -126,6 +130,13 @@ def _source(role: str) -> str:
 
 
 JUDGE_MARKER = "__FLYWHEEL_JUDGE__"
+# The isolated runner's user where the backend can run a command as a second uid (Docker exec's `user`): not the
+# sandbox user (nobody, 65534) the solution runs as, and unprivileged like it (no capability, no-new-privileges).
+# bubblewrap (the local backend) maps a single uid into the sandbox's user namespace, so there the runner and the
+# solution share nobody's uid: the solution can signal the runner (no report then: never a pass) and read its
+# cmdline and status, and only the runner's non-dumpability keeps its memory, environment and descriptors closed.
+RUNNER_USER = "65533:65533"
+UID_SPLIT_BACKENDS = frozenset({"docker"})
 
 
 def _replies(stdout: str, token: str) -> list[dict[str, Any]]:
@@ -142,10 +153,11 @@ def _replies(stdout: str, token: str) -> list[dict[str, Any]]:
     return out
 
 
-def _exec(sandbox: Sandbox, role: str, request: dict[str, Any], budget: float):
+def _exec(sandbox: Sandbox, role: str, request: dict[str, Any], budget: float, user: str | None = None):
+    extra = {"user": user} if user is not None else {}
     try:
         res = sandbox.exec(["python3", "-I", "-c", _source(role)], stdin=(json.dumps(request) + "\n").encode(),
-                           timeout_s=budget)
+                           timeout_s=budget, **extra)
     except SandboxError as e:
         raise VerifierUnavailable(f"the test sandbox failed: {type(e).__name__}: {e}") from e
     if res.verdict == "infra_error":
@@ -231,10 +243,18 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
     """Tests that do not split: judgebox's runner, apart from the solution, reports with the run's secret."""
     token, secret = secrets.token_hex(16), secrets.token_hex(32)
     timeout = task.verifier.timeout_s
-    req = {"token": token, "secret": secret, "files": files, "module": _module_name(task.verifier.solution_path),
-           "timeout_s": timeout, "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which],
-           "server_source": _source("serve")}
-    res = _exec(sandbox, "runner", req, len(which) * (4 * timeout + 5.0) + 15.0)
+    budget = len(which) * (4 * timeout + 5.0) + 15.0
+    req: dict[str, Any] = {"token": token, "secret": secret, "files": files,
+                           "module": _module_name(task.verifier.solution_path), "timeout_s": timeout,
+                           "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which]}
+    split = sandbox.backend in UID_SPLIT_BACKENDS
+    if split:  # the server starts detached as the sandbox user; the runner connects to it as RUNNER_USER
+        folder = f"/tmp/fwjudge-{token}"
+        _exec(sandbox, "launch", {"token": token, "folder": folder, "wait_s": budget}, 15.0)
+        req["connect"] = folder + "/s"  # a server that did not start: the runner says so, every test errors
+    else:
+        req["server_source"] = _source("serve")
+    res = _exec(sandbox, "runner", req, budget, user=RUNNER_USER if split else None)
     report = None
     for line in reversed(res.stdout.splitlines()):
         if line.startswith(JUDGE_MARKER + " "):
@@ -259,6 +279,7 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
         if status not in ("pass", "fail", "error", "timeout", "no_result"):
             status = "error"
         out[ti] = TestResult(name=name, hidden=hidden, status=status, strength="isolated",
+                             isolation="uid_split" if report.get("uid_split") is True else "same_uid",
                              error=raw.get("error") if isinstance(raw, dict) else "malformed result",
                              events=[str(e) for e in (raw.get("events") or [])] if isinstance(raw, dict) else [])
         if not report.get("guarded"):
