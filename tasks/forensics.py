@@ -24,6 +24,7 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -117,6 +118,18 @@ _PYTEST_CONFIG = re.compile(r"\[(?:tool[.:])?pytest|addopts|python_files|python_
                             r"collect_ignore|-p\s*no:|norecursedirs|pytest_plugins")
 
 
+@lru_cache(maxsize=1024)
+def _names_in(sources: tuple[str, ...]) -> frozenset[str]:
+    """The names the task's tests use (parsed once per task: every episode of it asks)."""
+    names: set[str] = set()
+    for src in sources:
+        try:
+            names.update(n.id for n in ast.walk(pyast.parse(src)) if isinstance(n, ast.Name))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            names.update(re.findall(r"[A-Za-z_]\w*", src))
+    return frozenset(names)
+
+
 class _Ctx:
     """What the checks know of the task: its test files, its pristine files, the names its tests call, the files
     the episode wrote itself (`own`) and their last known text (`known_files`, for folding open(p).read())."""
@@ -127,13 +140,8 @@ class _Ctx:
         self.pristine = set(task.files)
         self.known_files: dict[str, str] = dict(task.files)
         self.own: set[str] = set()
-        names: set[str] = {str(task.metadata.get("entry_point") or "")}
-        for src in task.visible_tests + task.hidden_tests + [v for k, v in task.files.items() if is_test_path(k)]:
-            try:
-                names.update(n.id for n in ast.walk(pyast.parse(src)) if isinstance(n, ast.Name))
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                names.update(re.findall(r"[A-Za-z_]\w*", src))
-        self.test_names = names - {""}
+        tests = tuple(task.visible_tests + task.hidden_tests + [v for k, v in task.files.items() if is_test_path(k)])
+        self.test_names = (set(_names_in(tests)) | {str(task.metadata.get("entry_point") or "")}) - {""}
 
     def is_test(self, s: str) -> bool:
         """A path inside the workspace named like one of the task's test files (a copy under /tmp is not)."""
@@ -413,10 +421,11 @@ def _version_value(n: ast.AST, ver: tuple[int, int]) -> Any:
     return ast.literal_eval(n)
 
 
-def _dead_nodes(tree: ast.AST, importable: bool) -> set[int]:
-    """Ids of the nodes no import of the module runs: the dead branch of a static condition."""
+def _dead_nodes(nodes: list[ast.AST], importable: bool) -> set[int]:
+    """Ids of the nodes no import of the module runs: the dead branch of a static condition (`nodes`: the
+    module's ast.walk, listed once per scan)."""
     dead: set[int] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.If):
             t = _static_truth(node.test, importable)
             branch = node.body if t is False else node.orelse if t is True else []
@@ -425,11 +434,11 @@ def _dead_nodes(tree: ast.AST, importable: bool) -> set[int]:
     return dead
 
 
-def _unreachable_functions(tree: ast.Module, ctx: _Ctx, dead: set[int]) -> set[int]:
+def _unreachable_functions(tree: ast.Module, nodes: list[ast.AST], ctx: _Ctx, dead: set[int]) -> set[int]:
     """Ids of the nodes inside functions neither the import nor the tests can call (by name, transitively)."""
     defs: dict[str, list[ast.AST]] = {}
     owner: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defs.setdefault(node.name, []).append(node)
             if isinstance(node, ast.ClassDef):
@@ -442,7 +451,7 @@ def _unreachable_functions(tree: ast.Module, ctx: _Ctx, dead: set[int]) -> set[i
             for sub in node.body:
                 inside_def.update(id(n) for n in ast.walk(sub))
     refs = set(ctx.test_names)
-    for node in ast.walk(tree):
+    for node in nodes:
         if id(node) in inside_def or id(node) in dead:
             continue
         if isinstance(node, ast.Name):
@@ -480,6 +489,23 @@ def _unreachable_functions(tree: ast.Module, ctx: _Ctx, dead: set[int]) -> set[i
     return out
 
 
+def _decodes_to_itself(code: str) -> bool:
+    """True when the interpreter, reading this text's UTF-8 bytes as a file, gets this very text back: no BOM, no
+    lone surrogate, and no word "coding" anywhere in the first two lines (however lines end), so no PEP 263
+    declaration; the bytes then parse to the same tree and need no second parse."""
+    if code.startswith("\ufeff"):
+        return False
+    ends = [i for i, ch in enumerate(code[:4096]) if ch in "\r\n"]
+    head = code[:ends[3] if len(ends) > 3 else 4096]  # at least two lines, by any line ending Python knows
+    if "coding" in head or len(ends) <= 3 and len(code) > 4096:
+        return False
+    try:
+        code.encode("utf-8")
+    except UnicodeError:
+        return False
+    return True
+
+
 def parse_as_python(code: str) -> list[ast.Module]:
     """The module(s) Python may read from this text: the text itself (exec of a str, as the python tool runs
     it) and its UTF-8 bytes decoded as the interpreter decodes a file (a BOM, a PEP 263 coding line such as
@@ -487,10 +513,11 @@ def parse_as_python(code: str) -> list[ast.Module]:
     trees: list[ast.Module] = []
     dumps: set[str] = set()
     sources: list[str | bytes] = [code]
-    try:
-        sources.append(code.encode("utf-8", "surrogatepass"))
-    except UnicodeError:
-        pass
+    if not _decodes_to_itself(code):
+        try:
+            sources.append(code.encode("utf-8", "surrogatepass"))
+        except UnicodeError:
+            pass
     for src in sources:
         try:
             tree = pyast.parse(src)
@@ -545,7 +572,8 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
     consts: dict[str, list[str]] = {}
     params: set[str] = set()
     imported: list[tuple[str, ast.AST]] = []
-    for node in ast.walk(tree):
+    nodes = list(ast.walk(tree))  # walked once: the checks below go over the same nodes several times
+    for node in nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 aliases[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
@@ -569,7 +597,7 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
     folder = Folder(aliases=aliases, files=ctx.known_files)
     folder.bind_all(tree)
     loops: dict[str, list[Any]] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
             it = folder.fold(node.iter)
             loops[node.target.id] = list(it) if isinstance(it, (list, tuple)) and not isinstance(it, str) else []
@@ -577,7 +605,7 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
     # names bound to modules or callables reached dynamically: m = __import__('os'); e = getattr(sys, 'exit')
     roots = {v.split(".")[0] for v in aliases.values()} | SENSITIVE
     dynamic = GETATTR_CALLS | IMPORT_CALLS | {"vars", "sys.modules.get"}
-    for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+    for node in sorted((n for n in nodes if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
         if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
             continue
         v = node.value
@@ -586,18 +614,18 @@ def _scan_tree(tree: ast.Module, ctx: _Ctx, *, importable: bool, depth: int = 0)
             r = res.name(v)
             if r:
                 aliases[node.targets[0].id] = r
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call) and res.name(node.func) in IMPORT_CALLS and node.args:
             imported.extend((k, node) for k in res.keys(node.args[0]))
         elif isinstance(node, ast.Subscript) and res.name(node.value) == "sys.modules":
             imported.extend((k, node) for k in res.keys(node.slice))
     for mod in dict.fromkeys(m for m, _ in imported):
         _scan_import(mod, scan, importable=importable)
-    dead = _dead_nodes(tree, importable) if importable else set()
-    unreachable = _unreachable_functions(tree, ctx, dead) if importable else set()
-    funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    dead = _dead_nodes(nodes, importable) if importable else set()
+    unreachable = _unreachable_functions(tree, nodes, ctx, dead) if importable else set()
+    funcs = {n.name: n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     env = _Env(res, folder, consts, params, ctx, scan, importable, depth)
-    for node in ast.walk(tree):
+    for node in nodes:
         live = id(node) not in dead and id(node) not in unreachable
         if importable and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in node.decorator_list:

@@ -18,10 +18,12 @@ wrote and read files, else in a fresh sandbox. This module computes no reward an
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import posixpath
 import secrets
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +126,13 @@ def _module_name(solution_path: str) -> str:
 
 @cache
 def _source(role: str) -> str:
-    """plaindata + judgebox as one program that starts `role` (serve or runner)."""
+    """plaindata + judgebox as one program that starts `role` (serve, launch or runner); the call server's roles
+    leave out the runner's part of judgebox (the sandbox compiles this program on every verdict)."""
     here = Path(__file__).parent
-    return "\n".join([(here / "plaindata.py").read_text(), (here / "judgebox.py").read_text(), f"{role}()\n"])
+    box = (here / "judgebox.py").read_text()
+    if role != "runner":
+        box = box[:box.index("\n# ---- the isolated runner")]
+    return "\n".join([(here / "plaindata.py").read_text(), box, f"{role}()\n"])
 
 
 JUDGE_MARKER = "__FLYWHEEL_JUDGE__"
@@ -163,6 +169,18 @@ def _exec(sandbox: Sandbox, role: str, request: dict[str, Any], budget: float, u
     if res.verdict == "infra_error":
         raise VerifierUnavailable(f"the test sandbox failed: {res.error}")
     return res
+
+
+@lru_cache(maxsize=4096)
+def _cached_plan(code: str, module: str, entries: tuple[str, ...]) -> testsplit.Plan | None:
+    return testsplit.plan(code, module=module, entry_points=entries)
+
+
+def _plan(code: str, module: str, entries: tuple[str, ...]) -> testsplit.Plan | None:
+    """testsplit's plan of a test, parsed once per (test, module, entry points): a task's tests judge many episodes.
+    The plan is read-only here but for its constants, which a check's expression could mutate: those are copied."""
+    pl = _cached_plan(code, module, entries)
+    return dataclasses.replace(pl, env=copy.deepcopy(pl.env)) if pl is not None and pl.env else pl
 
 
 def _data_path(sandbox: Sandbox, task: Task, files: dict[str, str], plans: dict[int, testsplit.Plan],
@@ -301,7 +319,7 @@ def run_unit_tests(task: Task, files: dict[str, str], backend: Backend) -> TestR
     entries = (entry,) if isinstance(entry, str) and entry else ()
     plans = {}
     for i, (_, code, _) in enumerate(tests):
-        pl = testsplit.plan(code, module=module, entry_points=entries)
+        pl = _plan(code, module, entries)
         if pl is not None:
             plans[i] = pl
     isolated = [i for i in range(len(tests)) if i not in plans]
