@@ -181,7 +181,7 @@ def test_the_runner_is_out_of_the_solutions_reach(backend):
 def test_without_the_uid_split_the_probe_reaches_the_runner(monkeypatch):
     """The check above can fail: with the runner on the solution's uid (the split removed), the same probe
     stops and kills it, and nothing passes."""
-    import tasks.unittests as unittests
+    from tasks import unittests
 
     monkeypatch.setattr(unittests, "RUNNER_USER", "65534:65534")
     be = open_backend(SandboxConfig(backend="docker"))
