@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import logging
 import queue
+import re
 import select
 import socket
 import struct
@@ -401,8 +402,8 @@ class DockerSandbox:
     def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
         return infra_result(self.backend, what, e, t0)
 
-    def _start_exec(self, argv: list[str], *, stdin: bool) -> tuple[str, _Stream]:
-        return _start_exec(self._api, self._box.id, argv, stdin=stdin, user=self._owner.exec_user,
+    def _start_exec(self, argv: list[str], *, stdin: bool, user: str | None = None) -> tuple[str, _Stream]:
+        return _start_exec(self._api, self._box.id, argv, stdin=stdin, user=user or self._owner.exec_user,
                            workdir=self._owner.exec_workdir)
 
     def _exit_code(self, exec_id: str, wait_s: float = 1.0) -> int | None:
@@ -450,14 +451,23 @@ class DockerSandbox:
         self._interp = None
 
     # -- Sandbox protocol ------------------------------------------------------------------------------------
-    def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None) -> ExecResult:
-        """Run argv (no shell) in the sandbox as user nobody in /workspace, with the call's limits."""
+    def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None,
+             user: str | None = None) -> ExecResult:
+        """Run argv (no shell) in the sandbox as user nobody in /workspace, with the call's limits.
+
+        `user` (Docker only, "UID:GID", both non-zero) runs it as another unprivileged user instead: the judge's
+        isolated runner (tasks/unittests.py) uses it so the solution, as nobody, cannot reach it. The container's
+        limits stay as they are: no capability, no-new-privileges, whatever the uid.
+        """
         if not argv:
             raise ValueError("exec needs a non-empty argv")
+        if user is not None and not re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user):
+            raise ValueError(f"exec user must be 'UID:GID', both non-zero, got {user!r}")
         with self._lock:
-            return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin)
+            return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin, user or SANDBOX_USER)
 
-    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None) -> ExecResult:
+    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None,
+              user: str = SANDBOX_USER) -> ExecResult:
         t0 = time.perf_counter()
         if self.closed:
             return self._infra("exec", SandboxError("sandbox already closed"), t0)
@@ -465,7 +475,7 @@ class DockerSandbox:
         cap = Capture(self.config.output_limit_bytes)
         cmd = ["timeout", "-s", "KILL", f"{timeout_s:.3f}", *argv]
         try:
-            exec_id, st = self._start_exec(cmd, stdin=stdin is not None)
+            exec_id, st = self._start_exec(cmd, stdin=stdin is not None, user=user)
         except Exception as e:
             if not _is_infra(e):
                 raise
