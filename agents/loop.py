@@ -1,17 +1,22 @@
 """The episode loop: one task, one policy, one sandbox -> one `Trajectory` row, whatever happens.
 
 `run_episode` builds the opening messages (system + user) and the task's tool schemas, then alternates: the
-policy answers; each tool call it makes is decoded (`tasks.tools.parse_arguments`), run in the episode's sandbox
+policy answers (its message read by the one conversation codec, warehouse.chat); each tool call it makes is
+checked and decoded (`check_call`), run in the episode's sandbox
 (in a worker thread: sandboxes are synchronous) and its observation appended as a `tool` message with the
 call's `tool_call_id`; an assistant message without tool calls ends the episode and the task's verifier judges it.
 
 The sandbox is acquired lazily, at the first tool call, and closed when the episode ends: an episode that waits on
-a rate-limited endpoint or answers without tools holds no container.
+a rate-limited endpoint or answers without tools holds no container. A Harbor task's sandbox is a container of the
+task's own image (tasks/harbor.py), kept open until its verifier has copied the agent's final state out.
 
 Every outcome is a row (never an exception, except cancellation):
 - verifier verdict (pass / fail / hack) when the policy gave a final answer;
-- `model_error` when the policy raised `ModelError` (malformed output, context too long: error_class names it) or a
-  tool call named an unknown tool / carried arguments that do not decode (error_class `ToolArgumentError`);
+- `model_error` when the policy raised `ModelError` (context too long, no choice: error_class names it), the
+  reply was empty (`EmptyReply`), a tool call was written but cannot be read as one (`MalformedToolCall`: the
+  codec's MALFORMED call), or it named an unknown tool / carried arguments that do not decode
+  (`ToolArgumentError`). The offending turn stays in the row's messages, so the data shows what the model wrote;
+  GRPO's reward judges its episodes with the same `episode_model_error`;
 - `timeout` with error_class `MaxTurns` when `max_turns` assistant turns passed without a final answer
   (the model's failure to finish: scored, reward 0);
 - `infra_error` when the endpoint failed after its retries (`EndpointError`), the sandbox could not be acquired or
@@ -42,7 +47,8 @@ from tasks.answers import extract_answer
 from tasks.spec import Task
 from tasks.tools import ToolArgumentError, observation, parse_arguments, run_tool, tool_schemas
 from tasks.verify import Outcome, verify
-from warehouse.record import Message, Trajectory, trajectory_id
+from warehouse import chat
+from warehouse.record import Message, ToolCall, Trajectory, trajectory_id
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,40 @@ def initial_messages(task: Task) -> list[Message]:
     """The opening conversation every policy sees (system, the task's earlier turns, user); training reuses it."""
     earlier = list(task.messages or [])
     return [Message(role="system", content=system_prompt(task)), *earlier, Message(role="user", content=task.prompt)]
+
+
+class MalformedToolCall(ToolArgumentError):
+    """The model wrote a tool-call block that cannot be read as a call (warehouse.chat.MALFORMED)."""
+
+
+class EmptyReply(ModelError):
+    """The model ended its turn with neither content nor tool calls."""
+
+
+def check_call(call: ToolCall, offered: list[str]) -> dict[str, Any]:
+    """The decoded arguments of a model's tool call; MalformedToolCall for a call the model wrote but that cannot
+    be read, ToolArgumentError for a tool the task does not offer or arguments that do not decode."""
+    if chat.is_malformed(call):
+        raise MalformedToolCall(chat.malformed_reason(call))
+    if call.function.name not in offered:
+        raise ToolArgumentError(f"tool {call.function.name!r} is not offered by this task (offered: {offered})")
+    return parse_arguments(call.function.name, call.function.arguments)
+
+
+def episode_model_error(messages: list[Message], offered: list[str]) -> Exception | None:
+    """The first model error in a conversation's assistant turns (an empty turn, a call `check_call` refuses), or
+    None: what the loop stops an episode on. GRPO's reward (training.environment) judges its episodes with it."""
+    for m in messages:
+        if m.role != "assistant":
+            continue
+        if chat.is_empty(m):
+            return EmptyReply("the model replied with neither content nor tool calls")
+        for call in m.tool_calls or []:
+            try:
+                check_call(call, offered)
+            except ToolArgumentError as e:
+                return e
+    return None
 
 
 class _Episode:
@@ -98,6 +138,15 @@ def _snapshot(task: Task, sandbox: Sandbox | None) -> task_tools.WorkspaceSnapsh
 def _verify(task: Task, messages: list[Message], backend: Backend, workspace: task_tools.WorkspaceSnapshot | None,
             extra: dict[str, Any] | None = None) -> Outcome:
     return verify(task, messages, backend=backend, workspace=workspace, **(extra or {}))
+
+
+def _acquire(task: Task, backend: Backend) -> Sandbox:
+    """The episode's sandbox: from `backend`, or for a Harbor task a container of the task's own image."""
+    if task.verifier.kind == "harbor":
+        from tasks.harbor import acquire
+
+        return acquire(task, backend)
+    return backend.acquire()
 
 
 def _run_tool(sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
@@ -177,6 +226,11 @@ async def run_episode(
             if msg.role != "assistant":
                 msg = msg.model_copy(update={"role": "assistant"})
             messages.append(msg)
+            if chat.is_empty(msg):
+                verdict, error_class = "model_error", EmptyReply.__name__
+                error_message = (f"the model replied with neither content nor tool calls "
+                                 f"(finish_reason={reply.finish_reason!r})")
+                break
             if not msg.tool_calls:
                 final = True
                 break
@@ -184,19 +238,16 @@ async def run_episode(
             for call in msg.tool_calls:
                 ep.n_tool_calls += 1
                 try:
-                    if call.function.name not in task.tools:
-                        raise ToolArgumentError(
-                            f"tool {call.function.name!r} is not offered by this task (offered: {task.tools})")
-                    args = parse_arguments(call.function.name, call.function.arguments)
+                    args = check_call(call, list(task.tools))
                 except ToolArgumentError as e:
                     messages.append(Message(role="tool", tool_call_id=call.id, name=call.function.name,
                                             content=f"error: {e}"))
-                    verdict, error_class, error_message = "model_error", "ToolArgumentError", str(e)
+                    verdict, error_class, error_message = "model_error", type(e).__name__, str(e)
                     stop = True
                     break
                 if ep.sandbox is None:
                     try:
-                        ep.sandbox = await _in_thread(executor, backend.acquire)
+                        ep.sandbox = await _in_thread(executor, _acquire, task, backend)
                         if task.files:
                             await _in_thread(executor, task_tools.prepare_workspace, ep.sandbox, dict(task.files))
                     except Exception as e:  # noqa: BLE001
@@ -229,7 +280,10 @@ async def run_episode(
                 workspace = None
                 if _needs_workspace(task):
                     workspace = await _in_thread(executor, _snapshot, task, ep.sandbox)
-                outcome = await _in_thread(executor, _verify, task, messages, backend, workspace, verify_kwargs)
+                extra = verify_kwargs
+                if task.verifier.kind == "harbor":  # its verifier copies the agent's state out of the open container
+                    extra = {**(verify_kwargs or {}), "agent_sandbox": ep.sandbox}
+                outcome = await _in_thread(executor, _verify, task, messages, backend, workspace, extra)
                 verdict = outcome.verdict
             except Exception as e:  # noqa: BLE001 - VerifierUnavailable (no backend / judge) or a verifier crash: infrastructure
                 verdict, error_class = "infra_error", type(e).__name__

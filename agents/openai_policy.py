@@ -16,14 +16,13 @@ the first choice into a `PolicyReply`:
 - usage tokens, cost from a price table (USD per 1M prompt / completion tokens), finish reason;
 - logprobs (`logprobs=True`) and completion token ids when the server returns them (vLLM: `return_token_ids` in
   `extra_body` -> `choices[i].token_ids`, or `return_tokens_as_token_ids` -> logprob tokens "token_id:N");
-- tool calls kept exactly as produced (arguments as the raw JSON string): the episode loop decodes them, so bad
-  JSON or an unknown tool becomes a model_error row, never a crash. With `text_tool_calls` (default on), a reply
-  whose content carries Hermes/Qwen `<tool_call>{...}</tool_call>` blocks that the server did not parse (a server
-  started without a tool parser) is parsed here; an empty reply raises `EmptyReply` (model_error).
+- tool calls kept exactly as produced (arguments as the raw JSON string), read by `warehouse.chat.from_chat`
+  (the one conversation codec): the episode loop decodes them, so bad JSON, an unknown tool or an empty reply
+  becomes a model_error row, never a crash. With `text_tool_calls` (default on), a reply whose content carries
+  Hermes/Qwen `<tool_call>{...}</tool_call>` blocks that the server did not parse (a server started without a tool
+  parser) is parsed by the same codec, call ids `call_{turn}_{i}`.
 
-Reusable helpers (the in-process transformers and vLLM policies use them): `parse_tool_call_text` (Hermes/Qwen
-tool-call text -> content + ToolCalls), `message_from_openai` (an OpenAI response message -> our Message),
-`to_openai_messages`, `cost_usd`, `retry_after_seconds`, `is_context_length_message`.
+Reusable helpers: `cost_usd`, `retry_after_seconds`, `is_context_length_message`.
 `check_endpoint` is the CLI's preflight: an unreachable endpoint or unknown model fails fast with one clear line.
 This module does not run episodes (agents/loop.py) or read config files (agents/config.py).
 """
@@ -37,25 +36,20 @@ import json
 import random
 import re
 import time
-import uuid
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
 from agents.policy import ContextLengthError, EndpointError, ModelError, PolicyReply, RequestRejected
 from tasks.spec import Task
-from warehouse.record import FunctionCall, Message, Source, ToolCall
+from warehouse import chat
+from warehouse.record import Message, Source
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _CONTEXT_RE = re.compile(
     r"context[ _]length|maximum context|context window|context_length_exceeded|maximum model length|"
     r"prompt is too long|too many tokens|max_model_len|exceeds the model", re.IGNORECASE)
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _TOKEN_ID_RE = re.compile(r"^token_id:(\d+)$")
-
-
-class EmptyReply(ModelError):
-    """The model answered with neither content nor tool calls."""
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -93,66 +87,6 @@ def retry_after_seconds(headers: Any) -> float | None:
 def cost_usd(prompt_tokens: int, completion_tokens: int, prompt_per_1m: float, completion_per_1m: float) -> float:
     """Cost of one request from a price table in USD per 1M tokens."""
     return prompt_tokens * prompt_per_1m / 1e6 + completion_tokens * completion_per_1m / 1e6
-
-
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:12]
-
-
-def parse_tool_call_text(text: str | None) -> tuple[str | None, list[ToolCall]]:
-    """Split Hermes/Qwen-style text into (content before the calls, tool calls).
-
-    Each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block becomes a ToolCall whose arguments are
-    re-encoded JSON. A block that is not valid JSON, or lacks a name, becomes a call named "<malformed>" with the raw
-    text as its arguments, so the episode loop records a model_error instead of silently dropping it.
-    Text without blocks returns (text, []).
-    """
-    if not text or "<tool_call>" not in text:
-        return text, []
-    head = text.split("<tool_call>", 1)[0].strip() or None
-    calls: list[ToolCall] = []
-    for raw in _TOOL_CALL_RE.findall(text):
-        name, args = "<malformed>", raw
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            name = obj["name"]
-            a = obj.get("arguments", obj.get("parameters", {}))
-            args = a if isinstance(a, str) else json.dumps(a)
-        calls.append(ToolCall(id=_call_id(), function=FunctionCall(name=name, arguments=args)))
-    return head, calls
-
-
-def _arguments_str(arguments: Any) -> str:
-    if arguments is None:
-        return ""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments)
-
-
-def message_from_openai(msg: Any, *, text_tool_calls: bool = True) -> Message:
-    """An OpenAI chat response message (object or dict) -> our assistant Message, tool-call arguments verbatim."""
-    get = (lambda k: msg.get(k)) if isinstance(msg, dict) else (lambda k: getattr(msg, k, None))
-    content = get("content")
-    calls: list[ToolCall] = []
-    for tc in get("tool_calls") or []:
-        tget = (lambda k, tc=tc: tc.get(k)) if isinstance(tc, dict) else (lambda k, tc=tc: getattr(tc, k, None))
-        fn = tget("function")
-        if fn is None:  # a non-function (custom) tool call: keep it visible, the loop rejects it
-            name, args = str(tget("type") or "<malformed>"), _arguments_str(tget("custom") or "")
-        elif isinstance(fn, dict):
-            name, args = str(fn.get("name") or "<malformed>"), _arguments_str(fn.get("arguments"))
-        else:
-            name, args = str(getattr(fn, "name", None) or "<malformed>"), _arguments_str(getattr(fn, "arguments", None))
-        calls.append(ToolCall(id=tget("id") or _call_id(), function=FunctionCall(name=name, arguments=args)))
-    if not calls and text_tool_calls:
-        content, calls = parse_tool_call_text(content)
-    return Message(role="assistant", content=content, tool_calls=calls or None)
-
-
-def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    return [m.to_openai() for m in messages]
 
 
 def _logprobs_and_ids(choice: dict[str, Any]) -> tuple[list[float] | None, list[int] | None]:
@@ -289,7 +223,7 @@ class OpenAIPolicy:
 
     def _request(self, messages: list[Message], tools: list[dict[str, Any]], sample_index: int) -> dict[str, Any]:
         """The JSON body of one chat-completions request (extra_body merged in, as the SDK merges it)."""
-        kw: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages)}
+        kw: dict[str, Any] = {"model": self.model, "messages": chat.to_openai(messages)}
         if tools:
             kw["tools"] = tools
         if self.temperature is not None:
@@ -333,7 +267,7 @@ class OpenAIPolicy:
                     except ValueError:
                         data = None
                     if isinstance(data, dict):
-                        return self._to_reply(data)
+                        return self._to_reply(data, turn=len(messages))
                     last = f"HTTP {status} with a body that is not a JSON object: {raw[:200]!r}"
                 else:
                     text = _error_text(raw)
@@ -352,8 +286,9 @@ class OpenAIPolicy:
                             f"(last: {last}); fix: check the server is up and not overloaded, or raise "
                             "max_retries / timeout_s")
 
-    def _to_reply(self, resp: dict[str, Any]) -> PolicyReply:
-        """A chat-completions response (parsed JSON) -> PolicyReply; ModelError when it is not one."""
+    def _to_reply(self, resp: dict[str, Any], *, turn: int) -> PolicyReply:
+        """A chat-completions response (parsed JSON) to the conversation's `turn`-th message -> PolicyReply;
+        ModelError when it is not one."""
         choices = resp.get("choices")
         if not choices or not isinstance(choices, list):
             raise ModelError(f"{self.base_url} returned no choices")
@@ -361,7 +296,8 @@ class OpenAIPolicy:
         if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
             raise ModelError(f"{self.base_url} returned a choice without a message")
         try:
-            message = message_from_openai(choice["message"], text_tool_calls=self.text_tool_calls)
+            message = chat.from_chat({**choice["message"], "role": "assistant"}, turn=turn,
+                                     text_tool_calls=self.text_tool_calls)
             usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
             pt = int(usage.get("prompt_tokens") or 0)
             ct = int(usage.get("completion_tokens") or 0)
@@ -369,8 +305,6 @@ class OpenAIPolicy:
         except (TypeError, ValueError, AttributeError, KeyError) as e:  # right JSON, wrong shapes inside
             raise ModelError(f"{self.base_url} returned a malformed choice: {type(e).__name__}: {e}") from None
         finish = choice.get("finish_reason")
-        if not message.tool_calls and not (message.content or "").strip():
-            raise EmptyReply(f"the model replied with neither content nor tool calls (finish_reason={finish!r})")
         return PolicyReply(message=message, prompt_tokens=pt, completion_tokens=ct,
                            cost_usd=cost_usd(pt, ct, self.prompt_price_per_1m, self.completion_price_per_1m),
                            finish_reason=finish if isinstance(finish, str) else None, token_ids=ids,

@@ -3,7 +3,9 @@
 Every policy (reference replay, OpenAI-compatible endpoint, in-process transformers, vLLM) implements `Policy`.
 Errors are typed by the boundary they cross: `ModelError` (the model produced something unusable: a row with
 verdict model_error), `EndpointError` (the endpoint failed after retries: a row with verdict infra_error, to be
-retried), `ContextLengthError` (the conversation no longer fits: model_error, not retried).
+retried), `ContextLengthError` (the conversation no longer fits: model_error, not retried). A reply whose text
+is merely bad (a malformed tool call, nothing at all) is not an error here: the policy returns the message the
+conversation codec (warehouse.chat) reads from it and the episode loop judges it, so the turn stays in the row.
 This module holds no policy implementation.
 """
 
@@ -32,7 +34,7 @@ class PolicyError(Exception):
 
 
 class ModelError(PolicyError):
-    """The model's output cannot be used (malformed tool call, empty reply)."""
+    """The model's output cannot be used at all (a response without a choice; an empty reply is the loop's EmptyReply)."""
 
 
 class ContextLengthError(ModelError):

@@ -3,12 +3,10 @@
 `TransformersPolicy` implements agents.policy.Policy for a local model folder or hub id (the tiny student, an SFT
 or GRPO checkpoint). Concurrent `reply` calls (the rollout runner's workers) are gathered into one left-padded
 `generate` call of up to `batch_size` conversations, run in a worker thread so the event loop stays free.
-The reply text is parsed the way the Qwen2.5 / Hermes chat templates emit tool calls:
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; text outside them is the message content.
-
-Errors, typed by the boundary they cross: a block that is not a JSON object with a string `name` and object or
-string `arguments`, an unterminated block, or an empty reply raises ModelError (the loop records model_error);
-a prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
+Prompts are rendered with `warehouse.chat.to_template` and the reply text (`completion_text`: decoded up to the
+stop token) is read with `warehouse.chat.parse_text`, the one conversation codec that SFT, GRPO and export use
+too: a malformed `<tool_call>` block or an empty reply stays in the message for the loop to judge (model_error).
+A prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
 Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
 turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of softmax(logits/T)),
 so a sampled reply does not depend on which requests share its batch or on thread timing, and a resumed run samples
@@ -20,75 +18,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
-from agents.policy import ContextLengthError, ModelError, PolicyReply
+from agents.policy import ContextLengthError, PolicyReply
 from tasks.spec import Task
-from warehouse.record import FunctionCall, Message, Source, ToolCall
-
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-class MalformedToolCall(ModelError):
-    """The model wrote a <tool_call> block that is not a usable call."""
+from warehouse import chat
+from warehouse.record import Message, Source
 
 
-class EmptyReply(ModelError):
-    """The model ended its turn without content or tool calls."""
-
-
-def parse_reply_text(text: str, *, call_id_prefix: str = "call") -> Message:
-    """Generated assistant text -> Message with content and ToolCall entries (arguments re-encoded as JSON).
-
-    Raises MalformedToolCall or EmptyReply (both ModelError).
-    """
-    if text.count("<tool_call>") != text.count("</tool_call>"):
-        raise MalformedToolCall(f"unterminated <tool_call> block in reply: {text[:200]!r}")
-    calls: list[ToolCall] = []
-    for i, raw in enumerate(TOOL_CALL_RE.findall(text)):
-        try:
-            obj = json.loads(raw.strip())
-        except json.JSONDecodeError as e:
-            raise MalformedToolCall(f"tool call is not valid JSON ({e}): {raw.strip()[:200]!r}") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-            raise MalformedToolCall(f"tool call needs a string 'name': {raw.strip()[:200]!r}")
-        args = obj.get("arguments", {})
-        if isinstance(args, str):
-            arguments = args
-        elif isinstance(args, dict):
-            arguments = json.dumps(args, ensure_ascii=False)
-        else:
-            raise MalformedToolCall(f"tool call 'arguments' must be an object: {raw.strip()[:200]!r}")
-        calls.append(ToolCall(id=f"{call_id_prefix}_{i}", function=FunctionCall(name=obj["name"],
-                                                                                arguments=arguments)))
-    content = TOOL_CALL_RE.sub("", text).strip()
-    if not content and not calls:
-        raise EmptyReply("the model produced an empty reply")
-    return Message(role="assistant", content=content or None, tool_calls=calls or None)
-
-
-def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Our messages -> the dicts chat templates render (tool-call arguments decoded to objects when they are JSON)."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        d = m.to_openai()
-        if d.get("content") is None:
-            d["content"] = ""
-        if m.tool_calls:
-            calls = []
-            for tc in m.tool_calls:
-                try:
-                    args: Any = json.loads(tc.function.arguments) if tc.function.arguments else {}
-                except json.JSONDecodeError:
-                    args = tc.function.arguments
-                calls.append({"id": tc.id, "type": "function",
-                              "function": {"name": tc.function.name, "arguments": args}})
-            d["tool_calls"] = calls
-        out.append(d)
-    return out
+def completion_text(tokenizer: Any, ids: list[int]) -> str:
+    """Generated token ids -> the reply text: decoded with special tokens, cut at the first end of turn
+    (`<|im_end|>` or EOS), padding removed. GRPO reads its generations through this too."""
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    for tok in ("<|im_end|>", tokenizer.eos_token or ""):
+        if tok:
+            text = text.split(tok, 1)[0]
+    return text.replace(tokenizer.pad_token or "\0", "")
 
 
 def sample_key(*parts: Any) -> int:
@@ -180,7 +127,7 @@ class TransformersPolicy:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """Token ids of the conversation rendered for generation (the assistant header at the end)."""
-        enc = self.tokenizer.apply_chat_template(chat_messages(messages), tools=tools or None, tokenize=True,
+        enc = self.tokenizer.apply_chat_template(chat.to_template(messages), tools=tools or None, tokenize=True,
                                                  add_generation_prompt=True, return_dict=True)
         return list(enc["input_ids"])
 
@@ -196,12 +143,7 @@ class TransformersPolicy:
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         out_ids, logprobs, finish = await fut
-        text = self.tokenizer.decode(out_ids, skip_special_tokens=False)
-        for tok in ("<|im_end|>", self.tokenizer.eos_token or ""):
-            if tok:
-                text = text.split(tok, 1)[0]
-        text = text.replace(self.tokenizer.pad_token or "\0", "")
-        message = parse_reply_text(text, call_id_prefix=f"call_{sample_index}_{len(messages)}")
+        message = chat.parse_text(completion_text(self.tokenizer, out_ids), turn=len(messages))
         return PolicyReply(message=message, prompt_tokens=len(ids), completion_tokens=len(out_ids),
                            finish_reason="tool_calls" if message.tool_calls else finish, token_ids=out_ids,
                            logprobs=logprobs)

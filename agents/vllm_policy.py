@@ -3,8 +3,9 @@
 - `VLLMPolicy`: vLLM's offline engine (`vllm.LLM`). Concurrent episodes' turns are gathered by a `MicroBatcher`
   (a few ms window, up to `max_batch` conversations) into one `LLM.chat(conversations, sampling_params, tools=...)`
   call run in a worker thread, one engine call at a time (turns that arrive meanwhile form the next batch). The
-  chat template renders the tool schemas; tool calls are parsed from the text with
-  `agents.openai_policy.parse_tool_call_text` (Hermes/Qwen `<tool_call>` blocks). Completion token ids are always
+  chat template renders the tool schemas; the reply text is read by the one conversation codec,
+  `warehouse.chat.parse_text` (Hermes/Qwen `<tool_call>` blocks; an empty or malformed reply is the loop's to
+  judge). Completion token ids are always
   recorded; logprobs of the sampled tokens when `logprobs=True` (SamplingParams(logprobs=0)).
 - The server path: `serve_argv(model, ...)` is the `vllm serve MODEL --enable-auto-tool-choice --tool-call-parser
   hermes` command line, `VLLMServer` starts it and waits for /v1/models, and `server_policy(...)` is an
@@ -26,9 +27,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Self, TypeVar
 
-from agents.openai_policy import OpenAIPolicy, check_endpoint, parse_tool_call_text, to_openai_messages
+from agents.openai_policy import OpenAIPolicy, check_endpoint
 from agents.policy import EndpointError, ModelError, PolicyReply, PolicySetupError
 from tasks.spec import Task
+from warehouse import chat
 from warehouse.record import Message, Source
 
 GPU_FIX = "pip install 'flywheel[gpu]' on a machine with a CUDA GPU (or serve the model with `vllm serve` elsewhere " \
@@ -165,20 +167,17 @@ class VLLMPolicy:
         tools = json.loads(tools_json) or None
         outs = self.llm.chat([m for m, _ in items], sampling_params=[p for _, p in items], tools=tools,
                              use_tqdm=False)
-        return [self._to_reply(o) for o in outs]
+        return [self._to_reply(o, turn=len(m)) for o, (m, _) in zip(outs, items)]
 
-    def _to_reply(self, req_out: Any) -> PolicyReply:
+    def _to_reply(self, req_out: Any, *, turn: int) -> PolicyReply:
         if not req_out.outputs:
             raise ModelError("vLLM returned no output for a request")
         out = req_out.outputs[0]
-        content, calls = parse_tool_call_text(out.text)
-        if not calls and not (content or "").strip():
-            raise ModelError(f"the model replied with an empty message (finish_reason={out.finish_reason!r})")
         ids = [int(t) for t in out.token_ids]
         lps: list[float] | None = None
         if self.logprobs and out.logprobs:
             lps = [float(step[tid].logprob) if tid in step else float("nan") for tid, step in zip(ids, out.logprobs)]
-        return PolicyReply(message=Message(role="assistant", content=content, tool_calls=calls or None),
+        return PolicyReply(message=chat.parse_text(out.text, turn=turn),
                            prompt_tokens=len(req_out.prompt_token_ids or []), completion_tokens=len(ids),
                            finish_reason=out.finish_reason, token_ids=ids, logprobs=lps)
 
@@ -191,7 +190,7 @@ class VLLMPolicy:
             batcher = MicroBatcher(lambda items, tj=tools_json: self._generate(tj, items), max_batch=self.max_batch,
                                    window_s=self.window_s)
             self._batchers[key] = batcher
-        return await batcher.submit((to_openai_messages(messages), self._params(sample_index)))
+        return await batcher.submit((chat.to_openai(messages), self._params(sample_index)))
 
 
 # ------------------------------------------------------------------------------------------------ server path

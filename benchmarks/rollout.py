@@ -197,23 +197,20 @@ def main() -> None:
     try:
         policy = OpenAIPolicy(base_url=srv.base_url, model=model, name="latency", concurrency=256, max_retries=2,
                               timeout_s=30.0, temperature=0.0)
-        backend = open_bench_backend(args.backend, pool=min(8, args.pool_max), max_sandboxes=max(levels) + 8,
-                                     reuse=args.reuse)
-        try:
+        with open_bench_backend(args.backend, pool=min(8, args.pool_max), max_sandboxes=max(levels) + 8,
+                                reuse=args.reuse) as backend:
             wait_warm(backend, min(8, args.pool_max), 60)
             result["sandbox_ceiling_per_s"] = sandbox_ceiling(backend, 16)
             wait_warm(backend, min(8, args.pool_max), 60)
             seq = asyncio.run(sequential(tasks, policy, backend, args.seq))
-        finally:
-            backend.shutdown()
         t1 = sum(seq) / len(seq)
         result["sequential"] = {"episodes": len(seq), "mean_episode_s": t1, "episodes_per_s": 1 / t1,
                                 "model_time_s": args.latency * args.turns}
         for c in levels:
             n = max(8, args.waves * c)
             pool = min(c, args.pool_max)
-            backend = open_bench_backend(args.backend, pool=pool, max_sandboxes=max(levels) + 8, reuse=args.reuse)
-            try:
+            with open_bench_backend(args.backend, pool=pool, max_sandboxes=max(levels) + 8,
+                                    reuse=args.reuse) as backend:
                 t_warm = time.perf_counter()
                 warm = wait_warm(backend, pool, 300)
                 warm_s = time.perf_counter() - t_warm
@@ -224,8 +221,6 @@ def main() -> None:
                                         run_id=f"bench-c{c}", samples=max(1, -(-n // len(tasks))),
                                         concurrency=c, progress=False, max_turns=args.turns + 1))
                 reused = getattr(backend, "stats", {}).get("reused", 0) - reused0
-            finally:
-                backend.shutdown()
             ideal = c / t1
             per_ep = 1000 / max(1, s.episodes)
             client_ms = (time.process_time() - cpu0) * per_ep
@@ -242,8 +237,7 @@ def main() -> None:
             result["levels"].append(lvl)
         p1 = OpenAIPolicy(base_url=srv.base_url, model=m1, name="model-only", concurrency=256, max_retries=2,
                           timeout_s=30.0, temperature=0.0)
-        backend = open_bench_backend(args.backend, pool=0, max_sandboxes=8)
-        try:
+        with open_bench_backend(args.backend, pool=0, max_sandboxes=8) as backend:
             seq1 = asyncio.run(sequential(direct, p1, backend, max(args.seq, 10)))
             t1m = sum(seq1) / len(seq1)
             result["model_only"] = {"sequential_mean_episode_s": t1m, "levels": []}
@@ -258,8 +252,6 @@ def main() -> None:
                     "client_cpu_ms_per_episode": (time.process_time() - cpu0) * 1000 / max(1, s.episodes),
                     "endpoint_cpu_ms_per_episode": (srv.cpu_s() - srv0) * 1000 / max(1, s.episodes),
                     "machine_cpu_ms_per_episode": (machine_cpu_s() - all0) * 1000 / max(1, s.episodes)})
-        finally:
-            backend.shutdown()
     finally:
         srv.close()
     result["loadavg_end"] = os.getloadavg()

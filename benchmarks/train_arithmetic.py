@@ -87,9 +87,8 @@ def main() -> None:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    backend = open_backend(SandboxConfig(backend=args.backend))
     table: list[dict] = []
-    try:
+    with open_backend(SandboxConfig(backend=args.backend)) as backend:
         held = arithmetic.generate(args.heldout_tasks, split="heldout", seed=args.seed, difficulty=args.difficulty)
 
         def score(stage: str, model: str, tasks: list) -> None:
@@ -132,8 +131,6 @@ def main() -> None:
             if args.score_grpo_train:
                 score("grpo grpo-train tasks", g.checkpoint_path, gtrain)
             score(f"grpo heldout d{args.grpo_difficulty}", g.checkpoint_path, gheld)
-    finally:
-        backend.shutdown()
     _print(args, table)
 
 

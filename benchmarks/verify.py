@@ -78,8 +78,7 @@ def run_flywheel(eps, tasks, backend, workers: int, folder: Path, *, with_worksp
 
 
 def bench(name: str, eps, tasks, workers: int, folder: Path) -> dict:
-    be = open_backend(SandboxConfig(backend=name), pool_size=max(2, min(workers, 8)))
-    try:
+    with open_backend(SandboxConfig(backend=name), pool_size=max(2, min(workers, 8))) as be:
         warm = eps[:min(len(eps), 2 * workers)]
         run_reference(warm, be, workers)
         run_flywheel(warm, tasks, be, workers, folder)
@@ -91,8 +90,6 @@ def bench(name: str, eps, tasks, workers: int, folder: Path) -> dict:
         fw_s += run_flywheel(eps, tasks, be, workers, folder)[1]
         ref_s += run_reference(eps, be, workers)[1]
         ref_s, fw_s, ws_s = ref_s / 2, fw_s / 2, ws_s / 2
-    finally:
-        be.shutdown()
     disagree = [{"episode": e[0], "flywheel": o["verdict"], "official_passed": r, "hack_flags": o["hack_flags"],
                  "failed": o.get("failed"), "error": o.get("error")}
                 for e, o, r in zip(eps, ours, ref) if (o["verdict"] == "pass") != r]

@@ -1,7 +1,9 @@
 """Human demonstrations: load chat-format conversations with tools, validate them, store them as trajectories.
 
-Accepted inputs: a JSONL file (one record per line), a Parquet file (one record per row) or a folder written by
-`datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`. A record is an object with
+Accepted inputs: a JSONL file (one record per line), a Parquet file (one record per row), a folder written by
+`datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or ATIF trajectories (a .json file, or with
+format="atif" a folder of them: warehouse/atif.py maps steps to messages; the row's verifier details name the
+evidence the file lacks: token ids, logprobs, tool timings). A record is an object with
   messages         list of {role, content, tool_calls?, tool_call_id?, name?} (OpenAI / TRL chat format;
                    tool-call arguments may be a JSON string or an object)
   tools            OpenAI function schemas, a JSON string of them, or tool names known to tasks.tools
@@ -70,8 +72,45 @@ class DemoImportResult:
         return len({(e.file, e.where) for e in self.errors})
 
 
-def read_records(path: str) -> list[tuple[str, Any]]:
-    """(where, record) pairs of one input; raises DemoImportError when the input cannot be read at all."""
+def _atif_record(path: str) -> tuple[str, Any]:
+    """One ATIF file as a demo record: its messages and tools, and the evidence it lacks (warehouse/atif.py)."""
+    from warehouse.atif import atif_messages
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        return "file", _Unparsable(f"is not a readable JSON file ({e})")
+    if not isinstance(doc, dict) or not str(doc.get("schema_version", "")).startswith("ATIF-"):
+        return "file", _Unparsable("is not an ATIF trajectory (no schema_version 'ATIF-v1.x')")
+    try:
+        msgs, _ids, _lps, missing = atif_messages(doc)
+    except (KeyError, TypeError, ValueError) as e:
+        return "file", _Unparsable(f"has an ATIF step this reader cannot map ({type(e).__name__}: {e})")
+    prov = (doc.get("extra") or {}).get("flywheel") or {}
+    rec = {"messages": [m.to_openai() for m in msgs], "tools": (doc.get("agent") or {}).get("tool_definitions"),
+           "missing_evidence": missing}
+    for k in ("task_id", "suite", "split", "difficulty"):
+        if prov.get(k) is not None:
+            rec[k] = prov[k]
+    return "file", rec
+
+
+def read_records(path: str, format: str = "auto") -> list[tuple[str, Any]]:
+    """(where, record) pairs of one input; raises DemoImportError when the input cannot be read at all.
+
+    format "atif": an ATIF file, or a folder of them (*.json); "auto" also reads a .json file as ATIF."""
+    if format not in ("auto", "atif"):
+        raise DemoImportError(f"unknown demo format {format!r}; choose auto or atif")
+    if format == "atif" or (path.endswith(".json") and os.path.isfile(path)):
+        if os.path.isdir(path):
+            files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
+            if not files:
+                raise DemoImportError(f"{path}: holds no .json ATIF files")
+            return [(f"file {os.path.basename(f)}", _atif_record(f)[1]) for f in files]
+        if not os.path.isfile(path):
+            raise DemoImportError(f"{path}: no such file or folder")
+        return [_atif_record(path)]
     if os.path.isdir(path):
         try:
             import datasets
@@ -239,6 +278,8 @@ def record_to_row(
     expected = rec.get("expected_answer")
     answer = extract_answer(messages)
     details: dict[str, Any] = {"origin": f"{file} {where}"}
+    if "missing_evidence" in rec:  # ATIF: what the file does not carry (token ids, logprobs, tool timings)
+        details["missing_evidence"] = rec["missing_evidence"]
     if expected is not None:
         ok = answer is not None and numbers_match(answer, str(expected), 1e-6)
         verdict, verifier = ("pass" if ok else "fail"), "numeric"
@@ -265,7 +306,8 @@ def record_to_row(
 
 
 def load_demos(
-    paths: list[str], *, run_id: str, round: int = 0, suite: str = "human", default_tools: list[str] | None = None
+    paths: list[str], *, run_id: str, round: int = 0, suite: str = "human", default_tools: list[str] | None = None,
+    format: str = "auto",
 ) -> tuple[list[Trajectory], list[DemoError]]:
     """Read and validate demos from files/folders; (valid rows, problems of the invalid records). Writes nothing.
 
@@ -274,7 +316,7 @@ def load_demos(
     rows: list[Trajectory] = []
     errors: list[DemoError] = []
     for path in paths:
-        for where, rec in read_records(path):
+        for where, rec in read_records(path, format):
             row, errs = record_to_row(rec, file=path, where=where, run_id=run_id, round=round, suite=suite,
                                       default_tools=default_tools)
             errors.extend(errs)
@@ -285,14 +327,15 @@ def load_demos(
 
 def import_demos(
     root: str, paths: list[str], *, run_id: str, round: int = 0, suite: str = "human",
-    default_tools: list[str] | None = None, strict: bool = False,
+    default_tools: list[str] | None = None, strict: bool = False, format: str = "auto",
 ) -> DemoImportResult:
     """Load, validate and write demos into the lake (idempotent). Invalid records are skipped and reported in
     the result; with strict=True any invalid record raises DemoImportError (listing all) and nothing is written.
     """
     from warehouse.lake import write_trajectories
 
-    rows, errors = load_demos(paths, run_id=run_id, round=round, suite=suite, default_tools=default_tools)
+    rows, errors = load_demos(paths, run_id=run_id, round=round, suite=suite, default_tools=default_tools,
+                              format=format)
     if strict and errors:
         raise DemoImportError(errors)
     res = write_trajectories(root, rows) if rows else None

@@ -38,6 +38,7 @@ KNOWN_ERRORS = (
     ("flows.config", "ConfigError"), ("flows.runners", "RunnerError"), ("flows.serve", "ServeError"),
     ("agents.policy", "PolicyError"), ("sandbox.result", "SandboxError"), ("tasks.suites", "UnknownSuiteError"),
     ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lakefs", "LakeError"),
+    ("tasks.harbor", "HarborTaskError"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
@@ -297,11 +298,12 @@ def _lake_root(root: str) -> str:
 
 @app.command()
 def export(
-    out: Annotated[str, typer.Argument(help="Output: a .jsonl file or a datasets folder.")],
+    out: Annotated[str, typer.Argument(help="Output: a .jsonl file, a datasets folder or an ATIF folder.")],
     root: Root = "runs/default",
     snapshot: Annotated[Optional[str], typer.Option(help="Export exactly this curated snapshot's rows and weights "
                                                          "(from `flywheel curate`): what training should read.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools) or datasets.")] = "jsonl",
+    format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools), datasets, or atif "
+                                                             "(one ATIF v1.8 file per episode).")] = "jsonl",
     arguments: Annotated[Optional[str], typer.Option(help="Tool-call arguments: object (what chat templates "
                                                            "expect; jsonl default) or string (the OpenAI wire "
                                                            "form; datasets default).")] = None,
@@ -388,11 +390,8 @@ def verify(
         raise UsageError(f"trajectory file {trajectories} does not exist; pass a JSONL file to --trajectories")
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, not {workers}")
-    be = open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(workers, 8)))
-    try:
+    with open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(workers, 8))) as be:
         verify_trajectories(str(trajectories), tasks_path=tasks, backend=be, workers=workers)
-    finally:
-        be.shutdown()
 
 
 @tasks_app.command("list")
@@ -460,9 +459,43 @@ def tasks_export(
     print(_export(source, out, n=n, split=split, seed=seed, difficulty=difficulty))
 
 
+@tasks_app.command("import")
+def tasks_import(
+    kind: Annotated[str, typer.Argument(help="The task format: harbor.")],
+    path: Annotated[str, typer.Argument(help="A Harbor task folder, or a folder of them.")],
+    build: Annotated[bool, typer.Option(help="Build (or reuse) each task's image from environment/Dockerfile.")] = True,
+    out: Annotated[Optional[str], typer.Option(help="Also write the tasks as a spec file (.jsonl or .parquet).")] = None,
+) -> None:
+    """Validate and load Harbor task folders (task.toml, instruction.md, environment/, tests/, solution/) and build
+    their images; the folder is then a suite: flywheel generate --suite PATH."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tasks.cli import tasks_import_harbor
+
+    if kind != "harbor":
+        raise UsageError(f"unknown task format {kind!r}; the one importable format is harbor: "
+                         "flywheel tasks import harbor DIR")
+    res = tasks_import_harbor(path, build=build, out=out)
+    t = Table(title=f"{len(res.tasks)} Harbor task(s) from {path}")
+    for col in ("task", "split", "image", "agent s", "verifier s", "memory MB", "cpus"):
+        t.add_column(col)
+    for task in res.tasks:
+        h = task.metadata["harbor"]
+        t.add_row(task.id, task.split, h["image"], str(h["agent_timeout_s"] or "-"), f"{h['verifier_timeout_s']:g}",
+                  str(h["memory_mb"] or "-"), str(h["cpus"] or "-"))
+    Console(width=160).print(t)
+    if build:
+        print(f"images: {len(res.built)} built, {len(res.reused)} reused")
+    if res.out:
+        print(f"wrote {res.out}")
+    print(f"ok: run it with: flywheel generate --suite {path} --teacher reference --backend docker")
+
+
 @demos_app.command("import")
 def demos_import(
-    paths: Annotated[list[str], typer.Argument(help="JSONL, Parquet or datasets folders of chat demos.")],
+    paths: Annotated[list[str], typer.Argument(help="JSONL, Parquet or datasets folders of chat demos, or ATIF "
+                                                    "files.")],
     root: Root = "runs/default",
     run_id: Annotated[str, typer.Option("--run-id", help="Run the demos belong to (curation of a run reads its own "
                                                          "rows).")] = "demos",
@@ -472,6 +505,8 @@ def demos_import(
     = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Import the valid records and skip the "
                                                                         "invalid ones (listed).")] = False,
+    format: Annotated[str, typer.Option("--format", help="auto (by file type; a .json file is ATIF) or atif (ATIF "
+                                                        "files, or folders of them).")] = "auto",
 ) -> None:
     """Validate and import human demonstrations as rows with source human (idempotent).
 
@@ -482,7 +517,8 @@ def demos_import(
     from curate.demos import DemoImportError, import_demos
 
     try:
-        res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=not allow_partial)
+        res = import_demos(root, paths, run_id=run_id, suite=suite, default_tools=tools, strict=not allow_partial,
+                           format=format)
     except DemoImportError as e:
         if not e.errors:  # an unreadable file: main() prints its one error line
             raise
@@ -497,6 +533,12 @@ def demos_import(
         print(f"skipped: {e}", file=sys.stderr)
     print(f"imported {res.written}, already present {res.skipped}, skipped {res.rejected_records} invalid "
           f"record(s); run {run_id!r} of {root}")
+    lacking: dict[str, int] = {}
+    for r in res.rows:
+        for m in json.loads(r.verifier_details_json).get("missing_evidence") or []:
+            lacking[m] = lacking.get(m, 0) + 1
+    if lacking:
+        print("missing evidence (rows): " + ", ".join(f"{k} {v}" for k, v in sorted(lacking.items())))
     if run_id == "demos":
         print("note: curation of a run reads that run's rows; to train on these demos import them with --run-id RUN, "
               "or give the file to `flywheel curate --demos FILE` (config curate.demo_paths)")

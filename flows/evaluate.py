@@ -21,12 +21,9 @@ def evaluate_task(cfg: FlywheelConfig, model: str, run_id: str, round: int, name
     from warehouse.lake import write_rows
 
     heldout = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
-    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
-    try:
+    with open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8)) as backend:
         rows = rollout_rows(cfg, heldout, student_policy(cfg, model, name, temperature=0.0), run_id=run_id,
                             round=round, samples=1, backend=backend)
-    finally:
-        backend.shutdown()
     metrics = score_rows(rows, run_id=run_id, round=round, stage="eval", subject="eval", split="heldout")
     write_rows(cfg.run.out, "rounds", metrics)
     return [m for m in metrics if m["metric"].startswith("pass@")]

@@ -174,17 +174,14 @@ def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str
 
     timer = StageTimer()
     heldout = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
-    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     metrics: list[dict[str, Any]] = []
-    try:
+    with open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8)) as backend:
         base = student_policy(cfg, base_path, "base", temperature=0.0)
         rows = rollout_rows(cfg, heldout, base, run_id=run_id, round=0, samples=1, backend=backend)
         metrics += score_rows(rows, run_id=run_id, round=0, stage="eval", subject="base", split="heldout")
         teacher = build_policy(cfg.teacher)
         rows = rollout_rows(cfg, heldout, teacher, run_id=run_id, round=0, samples=1, backend=backend)
         metrics += score_rows(rows, run_id=run_id, round=0, stage="eval", subject="teacher", split="heldout")
-    finally:
-        backend.shutdown()
     metrics.append(_metric(run_id, 0, "baseline", "stage", "-", "all", "wall_s", timer.s))
     write_rows(cfg.run.out, "rounds", metrics)
     return {"wall_s": timer.s, "metrics": len(metrics)}
@@ -209,12 +206,9 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
                                run_id=run_id, upto_round=round - 1, task_ids=[t.id for t in earlier])
         wanted = set(plan.teacher_tasks)
         chosen = new + [t for t in earlier if t.id in wanted]
-    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
-    try:
+    with open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8)) as backend:
         rows = rollout_rows(cfg, chosen, build_policy(cfg.teacher), run_id=run_id, round=round,
                             samples=cfg.flywheel.teacher_samples, backend=backend)
-    finally:
-        backend.shutdown()
     scored = [r for r in rows if r.verdict != "infra_error"]
     metrics = [_metric(run_id, round, "teacher", "teacher", "train", "all", "yield",
                        sum(r.verdict == "pass" for r in scored) / len(scored) if scored else 0.0),
@@ -246,12 +240,9 @@ def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
 
     timer = StageTimer()
     new = joining_tasks(cfg, round)
-    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
-    try:
+    with open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8)) as backend:
         rows = rollout_rows(cfg, new, build_policy(cfg.teacher), run_id=run_id, round=round,
                             samples=cfg.flywheel.teacher_samples, backend=backend, progress=False)
-    finally:
-        backend.shutdown()
     write_rows(cfg.run.out, "rounds", [_metric(run_id, round, "teacher-ahead", "stage", "-", "all", "wall_s",
                                                timer.s)])
     return {"tasks": len(new), "episodes": len(rows), "wall_s": timer.s}
@@ -340,11 +331,8 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
         return {**parent, "skipped": "no task gives signal (all always passed or always failed)"}
     out = model_dir(root, f"{run_id}-r{round}-grpo")
     shutil.rmtree(out, ignore_errors=True)
-    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
-    try:
+    with open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8)) as backend:
         res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend)
-    finally:
-        backend.shutdown()
     metrics = {"reward_first": res.rewards[0] if res.rewards else None,
                "reward_last": res.rewards[-1] if res.rewards else None, "steps": res.steps,
                "hacks_with_positive_reward": res.hacks_with_positive_reward, "wall_s": res.total_s,
@@ -372,9 +360,8 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
     train = [t for step in fw.suites if step.from_round <= round
              for t in suite_tasks(step, "train", cfg.run.seed)][: fw.student_train_tasks]
     name = f"student-r{round}"
-    backend = open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8))
     metrics: list[dict[str, Any]] = []
-    try:
+    with open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8)) as backend:
         greedy = student_policy(cfg, student["path"], name, temperature=0.0)
         rows = rollout_rows(cfg, heldout, greedy, run_id=run_id, round=round, samples=1, backend=backend)
         metrics += score_rows(rows, run_id=run_id, round=round, stage="eval", subject="student", split="heldout")
@@ -392,8 +379,6 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
                                 samples=fw.student_train_samples, backend=backend)
             metrics += score_rows(rows, run_id=run_id, round=round, stage="student", subject="student",
                                   split="train")
-    finally:
-        backend.shutdown()
     metrics.append(_metric(run_id, round, "student", "stage", "-", "all", "wall_s", timer.s))
     write_rows(cfg.run.out, "rounds", metrics)
     return {"wall_s": timer.s}

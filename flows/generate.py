@@ -77,17 +77,16 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = 
 
     with rollout_slots(cfg.limits, cfg.teacher, g.concurrency):
         policy = build_policy(cfg.teacher)
-        backend = open_backend(cfg.sandbox, pool_size=min(g.concurrency, 8))
         try:
-            skip = existing_ids(root, run_id, g.round)
-            if progress is not None and skip:
-                progress(len(skip & _planned_ids(tasks, policy.name, run_id, g.round, g.samples)))
-            summary = asyncio.run(rollout(
-                tasks, [policy], backend, samples=g.samples, concurrency=g.concurrency, run_id=run_id,
-                round=g.round, skip_ids=skip, on_rows=on_rows, batch_size=g.batch_size,
-                infra_retries=g.infra_retries, max_turns=g.max_turns))
+            with open_backend(cfg.sandbox, pool_size=min(g.concurrency, 8)) as backend:
+                skip = existing_ids(root, run_id, g.round)
+                if progress is not None and skip:
+                    progress(len(skip & _planned_ids(tasks, policy.name, run_id, g.round, g.samples)))
+                summary = asyncio.run(rollout(
+                    tasks, [policy], backend, samples=g.samples, concurrency=g.concurrency, run_id=run_id,
+                    round=g.round, skip_ids=skip, on_rows=on_rows, batch_size=g.batch_size,
+                    infra_retries=g.infra_retries, max_turns=g.max_turns))
         finally:
-            backend.shutdown()
             if progress is not None:
                 progress.finish()
     return {"written": counts["written"], "skipped_existing": len(skip) + counts["skipped"],

@@ -1,8 +1,9 @@
 """Choose and open a sandbox backend from a SandboxConfig; run one command in a fresh sandbox.
 
-`open_backend(config)` returns the Docker backend (warm pool, sandbox/docker.py) or the local bubblewrap backend
-(sandbox/local.py). When Docker is asked for and no engine answers, it raises SandboxUnavailable naming the fix,
-unless the caller asked for `auto_fallback`: then it says so in a warning log line and opens the local backend.
+`with open_backend(config) as backend:` opens the Docker backend (warm pool, sandbox/docker.py) or the local
+bubblewrap backend (sandbox/local.py). When Docker is asked for and no engine answers, it raises SandboxUnavailable
+naming the fix, unless the caller asked for `auto_fallback`: then it says so in a warning log line and opens the
+local backend.
 `check_backend(config)` is the cheap preflight (engine up, image present) that flows run before writing anything.
 `exec_once` is `flywheel sandbox exec`: a fresh sandbox, one command, one ExecResult.
 This module runs no sandbox logic of its own.
@@ -47,7 +48,8 @@ def resolve(config: SandboxConfig) -> SandboxConfig:
 
 
 def open_backend(config: SandboxConfig, *, auto_fallback: bool = False, pool_size: int = 2) -> Backend:
-    """The backend config.backend names. Raises SandboxUnavailable (message names the fix) when it cannot run.
+    """The backend config.backend names, to be used as `with open_backend(config) as backend:` (leaving the block
+    shuts it down). Raises SandboxUnavailable (message names the fix) when it cannot run.
 
     With auto_fallback, a Docker backend that cannot start (no engine, no image) is replaced by the local one and a
     warning says so; never silently.
@@ -92,8 +94,7 @@ def exec_once(config: SandboxConfig, argv: list[str], *, stdin: bytes | None = N
     """
     if not argv:
         raise ValueError("exec_once needs a command: flywheel sandbox exec -- CMD [ARG...]")
-    backend = open_backend(config, auto_fallback=auto_fallback, pool_size=0)
-    try:
+    with open_backend(config, auto_fallback=auto_fallback, pool_size=0) as backend:
         try:
             sandbox = backend.acquire()
         except SandboxUnavailable:
@@ -104,5 +105,3 @@ def exec_once(config: SandboxConfig, argv: list[str], *, stdin: bytes | None = N
             return sandbox.exec(list(argv), timeout_s=config.timeout_s, stdin=stdin)
         finally:
             sandbox.close()
-    finally:
-        backend.shutdown()

@@ -39,6 +39,9 @@ does not come up, or no cgroup reachable: a remote engine, not root) removes the
 `stats["reset_failed"]`. A closed handle stays closed. What a reset does not renew: pid and inode numbers continue
 and the container's uptime and cgroup counters (CPU used, OOM kills seen) carry over; Docker's seccomp profile
 refuses kernel keyrings, so there are none to clear.
+The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
+(sandbox/capture.py), the file writer (sandbox/files.py) and the interpreter-protocol client, which this module
+plugs into the exec socket (`_ExecTransport`, sandbox/interpreter.py).
 This module does not build images (sandbox/image.py) nor choose a backend (sandbox/backend.py).
 """
 
@@ -49,6 +52,7 @@ import json
 import logging
 import os
 import queue
+import re
 import select
 import signal
 import socket
@@ -61,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.capture import Capture, text, with_notes
 from sandbox.engine import (
     BACKEND_LABEL,
     LABEL,
@@ -71,9 +76,11 @@ from sandbox.engine import (
     image_id,
     owner_tag,
 )
-from sandbox.interpreter import exec_fields, interpreter_argv, interpreter_source
+from sandbox.files import write_files
+from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, interpreter_argv, interpreter_source
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
+from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +90,6 @@ FILL_THREADS = 3  # containers the pool creates at once
 STARTUP_TIMEOUT_S = 30.0
 REUSE_SPARE = 2  # with reuse, containers the pool starts beyond those in use (a reset takes a few ms)
 RESET_WAIT_S = 2.0  # a reset whose processes are not all gone (or frozen) by then fails: the container is removed
-MIN_FLOOD_BYTES = 32 * 1024 * 1024  # output beyond max(this, 8 x the cap) kills the call (resource_limit)
 
 # PID 1: ignore every catchable signal (the kernel drops SIGKILL/SIGSTOP sent to init from inside), reap orphans,
 # and exit as soon as stdin reaches EOF (the owning process is gone).
@@ -121,22 +127,6 @@ for _ in range(3):
         if d.isdigit() and int(d) not in spare:
             try: os.kill(int(d), signal.SIGKILL)
             except OSError: pass
-"""
-
-# Write files into the workspace from a JSON object {relative path: text} on stdin; never follows a symlink.
-WRITE_SOURCE = r"""
-import json, os, sys
-files = json.loads(sys.stdin.buffer.read(int(sys.argv[1])))
-root = os.path.realpath(os.getcwd())
-for rel, text in files.items():
-    path = os.path.normpath(os.path.join(root, rel))
-    if not path.startswith(root + os.sep):
-        print(f"refusing path outside the workspace: {rel!r}", file=sys.stderr); sys.exit(2)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try: os.unlink(path)
-    except FileNotFoundError: pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
 """
 
 # Reuse: the keeper, one per container, started with `docker exec -i` (the only exec of the container's life, while
@@ -475,35 +465,6 @@ class _Stream:
                 pass
 
 
-class _Capture:
-    """stdout/stderr accumulation with a per-stream cap and a flood limit."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.flood = max(MIN_FLOOD_BYTES, 8 * limit)
-        self.out = bytearray()
-        self.err = bytearray()
-        self.total = 0
-        self.truncated = False
-
-    def add(self, kind: int, data: bytes) -> None:
-        self.total += len(data)
-        target = self.err if kind == 2 else self.out
-        room = self.limit - len(target)
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        target += data
-
-    @property
-    def flooded(self) -> bool:
-        return self.total > self.flood
-
-
-def _text(b: bytes | bytearray) -> str:
-    return bytes(b).decode("utf-8", errors="replace")
-
-
 def _is_infra(e: BaseException) -> bool:
     import docker.errors
     import requests
@@ -516,37 +477,85 @@ def _is_infra(e: BaseException) -> bool:
 # containers
 
 
-@dataclass
-class _Interp:
-    """The episode's running interpreter: its exec, socket, pid inside the container and protocol buffers."""
+class _ExecTransport:
+    """The interpreter's `docker exec -i` socket as an InterpreterClient transport: stdin out, Docker's framed
+    stdout/stderr in (stdout is the protocol; the process's own stderr is kept, up to 64 KiB, for error text).
+    With reuse the exec is the keeper's, which relays to the interpreter it forked: `read_line` reads the keeper's
+    own lines outside the client, and what arrived after such a line is handed to the next `recv`."""
 
-    exec_id: str
-    stream: _Stream
-    pid: int = 0
-    keeper: int = 0  # pid of its keeper inside the container (reuse), whose exec this stream is; 0: its own exec
-    pending: bytes = b""
-    err: bytearray = field(default_factory=bytearray)
+    def __init__(self, stream: _Stream):
+        self.stream = stream
+        self.err = bytearray()
+        self.pending = bytearray()  # stdout read past a keeper line: the next recv returns it first
+
+    def send(self, data: bytes, deadline: float) -> None:
+        self.stream.send(data, deadline)
+
+    def recv(self, deadline: float) -> bytes | None:
+        if self.pending:
+            data = bytes(self.pending)
+            self.pending.clear()
+            return data
+        return self._read(deadline)
+
+    def _read(self, deadline: float) -> bytes | None:
+        """Stdout from the socket (stderr frames kept aside), as `recv` without what is pending."""
+        while True:
+            if self.stream.eof:
+                return b""
+            frames = self.stream.read_frames(max(deadline, time.monotonic() + 0.001))
+            if frames is None:
+                return None
+            out = b""
+            for kind, data in frames:
+                if kind == 2:
+                    self.err += data[: max(0, 65536 - len(self.err))]
+                else:
+                    out += data
+            if out:
+                return out
+            if self.stream.eof:
+                return b""
+            if time.monotonic() >= deadline:
+                return None
 
     def read_line(self, deadline: float, limit: int) -> bytes | None:
-        """Next protocol line from the interpreter's stdout; None at EOF or past the deadline."""
+        """One raw stdout line (the keeper's hello and answers); None at EOF or past the deadline. Raises
+        ValueError on a line over `limit` bytes."""
         while True:
             nl = self.pending.find(b"\n")
             if nl >= 0:
-                line, self.pending = self.pending[:nl], self.pending[nl + 1 :]
+                line = bytes(self.pending[:nl])
+                del self.pending[: nl + 1]
                 return line
             if len(self.pending) > limit:
-                raise ValueError(f"interpreter wrote a protocol line over {limit} bytes")
-            if self.stream.eof:
+                raise ValueError(f"the keeper wrote a line over {limit} bytes")
+            data = self._read(deadline)
+            if not data:
                 return None
-            frames = self.stream.read_frames(deadline)
-            if frames is None:
-                return None
-            for kind, data in frames:
-                if kind == 2:
-                    if len(self.err) < 65536:
-                        self.err += data[: 65536 - len(self.err)]
-                else:
-                    self.pending += data
+            self.pending += data
+
+    def stderr_tail(self) -> str:
+        return text(self.err)[-2000:]
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+@dataclass
+class _Interp:
+    """The episode's running interpreter: its exec, socket, pid inside the container, and the protocol client."""
+
+    exec_id: str
+    stream: _Stream
+    client: InterpreterClient
+    pid: int = 0
+    keeper: int = 0  # pid of its keeper inside the container (reuse), whose exec this stream is; 0: its own exec
+
+    @property
+    def transport(self) -> _ExecTransport:
+        assert isinstance(self.client.transport, _ExecTransport)
+        return self.client.transport
 
 
 @dataclass
@@ -573,52 +582,68 @@ def _oom_prefix(adj: int) -> list[str]:
     return ["sh", "-c", f'echo {adj} > /proc/self/oom_score_adj; exec "$@"', "sh"]
 
 
-def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_OOM_ADJ) -> tuple[str, _Stream]:
-    ex = api.exec_create(cid, _oom_prefix(adj) + argv, stdin=stdin, stdout=True, stderr=True, user=SANDBOX_USER,
-                         workdir=WORKDIR)
+def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_OOM_ADJ, user: str = SANDBOX_USER,
+                workdir: str = WORKDIR) -> tuple[str, _Stream]:
+    ex = api.exec_create(cid, _oom_prefix(adj) + argv, stdin=stdin, stdout=True, stderr=True, user=user,
+                         workdir=workdir)
     sock = api.exec_start(ex["Id"], socket=True)
     return ex["Id"], _Stream(sock)
 
 
 def _warm(it: _Interp) -> None:
-    """Run an empty cell (request id 0) so the interpreter's lazy imports are paid before an episode starts."""
-    it.stream.send(b'{"id": 0, "code": "pass", "timeout_s": 10, "output_limit": 1000}\n', time.monotonic() + 10)
-    line = it.read_line(time.monotonic() + 10, 1 << 16)
-    if line is None or json.loads(line).get("id") != 0:
-        raise SandboxError(f"the interpreter did not answer its warm-up call: {line!r:.200}")
+    """Run an empty cell so the interpreter's lazy imports are paid before an episode starts."""
+    raw = it.client.call_raw("pass", 10, 1000)
+    if raw["died"] or raw["exit_code"] != 0:
+        it.stream.close()
+        raise SandboxError(f"the interpreter did not answer its warm-up call: {raw['stderr'][-200:]!r}")
 
 
 def _reset_check(it: _Interp, empty: bool) -> dict:
-    """Run RESET_CHECK_SOURCE as the interpreter's warm-up cell (request id 0); returns the state it printed."""
+    """Run RESET_CHECK_SOURCE as the interpreter's warm-up cell; returns the state it printed."""
     code = f"exec({RESET_CHECK_SOURCE!r}, {{'EMPTY': {empty!r}, 'DIRS': {RESET_DIRS!r}}})"
-    req = json.dumps({"id": 0, "code": code, "timeout_s": 10, "output_limit": 1 << 16}) + "\n"
-    it.stream.send(req.encode(), time.monotonic() + 10)
-    line = it.read_line(time.monotonic() + 10, 1 << 18)
-    try:
-        resp = json.loads(line) if line is not None else None
-        state = json.loads(resp["stdout"]) if isinstance(resp, dict) and resp.get("id") == 0 else None
-    except (ValueError, KeyError, TypeError):
-        state = None
-    if not isinstance(state, dict):
-        raise SandboxError(f"the reset check did not answer: {line!r:.300}")
+    raw = it.client.call_raw(code, 10, 1 << 16)
+    state = None
+    if not raw["died"] and raw["exit_code"] == 0 and not raw["truncated"]:
+        try:
+            state = json.loads(raw["stdout"])
+        except ValueError:
+            state = None
+    if not isinstance(state, dict) or not isinstance(state.get("problems"), list):
+        raise SandboxError(f"the reset check did not answer (exit {raw['exit_code']}, died {raw['died']}): "
+                           f"{(raw['stderr'] or raw['stdout'])[-300:]!r}")
     return state
 
 
-def _start_interpreter(api, cid: str) -> _Interp:
+def _await_ready(exec_id: str, st: _Stream, transport: _ExecTransport, keeper: int = 0) -> _Interp:
+    """A protocol client for the interpreter starting behind `transport`, once its ready line came; closes the
+    stream and raises SandboxError when none comes."""
+    client = InterpreterClient(transport, grace_s=GRACE_S, startup_timeout_s=STARTUP_TIMEOUT_S)
+    try:
+        ready = client.wait_ready()
+    except InterpreterError as e:
+        st.close()
+        raise SandboxError(str(e)) from e
+    transport.err.clear()
+    return _Interp(exec_id, st, client, int(ready.get("pid") or 0), keeper)
+
+
+def _start_interpreter(api, cid: str, user: str = SANDBOX_USER, workdir: str = WORKDIR) -> _Interp:
     """Start sandbox/interpreter.py in the container with `docker exec -i` and wait for its ready line."""
-    exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ)
-    return _await_ready(_Interp(exec_id, st))
+    exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ, user=user,
+                              workdir=workdir)
+    return _await_ready(exec_id, st, _ExecTransport(st))
 
 
-def _keeper_call(it: _Interp, op: str, timeout_s: float = RESET_WAIT_S) -> dict:
-    """Send a request to the keeper and return its answer (lines before it, left by the last episode, are dropped)."""
+def _keeper_call(transport: _ExecTransport, op: str, timeout_s: float = RESET_WAIT_S) -> dict:
+    """Send a request to the keeper (a raw line on the transport) and return its answer (lines before it, left by
+    the last episode, are dropped; what follows it, a spawned interpreter's ready line, stays for its client)."""
     nonce = uuid.uuid4().hex
     deadline = time.monotonic() + timeout_s
-    it.stream.send(json.dumps({"keeper": op, "nonce": nonce}).encode() + b"\n", deadline)
+    transport.send(json.dumps({"keeper": op, "nonce": nonce}).encode() + b"\n", deadline)
     while True:
-        line = it.read_line(deadline, 1 << 26)
+        line = transport.read_line(deadline, 1 << 26)
         if line is None:
-            raise SandboxError(f"the keeper did not answer {op!r} (stderr {_text(it.err)[-300:]!r})")
+            raise SandboxError(f"the keeper did not answer {op!r} (stderr {transport.stderr_tail()[-300:]!r})")
         if line.startswith(b"{") and nonce.encode() in line:
             msg = json.loads(line)
             if isinstance(msg, dict) and msg.get("keeper") == nonce:
@@ -629,15 +654,15 @@ def _start_keeper(api, cid: str) -> _Interp:
     """Start the keeper (KEEPER_SOURCE) with `docker exec -i`, have it fork an interpreter, wait for its ready line."""
     argv = ["python3", "-u", "-c", KEEPER_SOURCE, interpreter_source(), WORKDIR, str(INTERP_OOM_ADJ)]
     exec_id, st = _start_exec(api, cid, argv, stdin=True, adj=KEEPER_OOM_ADJ)
-    it = _Interp(exec_id, st)
+    transport = _ExecTransport(st)
     try:
-        line = it.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
+        line = transport.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
         hello = json.loads(line) if line is not None else None
         if not isinstance(hello, dict) or hello.get("keeper") != "hello":
-            raise SandboxError(f"the keeper did not start (first line {line!r:.200}; stderr {_text(it.err)[-300:]!r})")
-        it.keeper = int(hello["pid"])
-        _keeper_call(it, "spawn", STARTUP_TIMEOUT_S)
-        return _await_ready(it)
+            raise SandboxError(f"the keeper did not start (first line {line!r:.200}; stderr "
+                               f"{transport.stderr_tail()[-300:]!r})")
+        _keeper_call(transport, "spawn", STARTUP_TIMEOUT_S)
+        return _await_ready(exec_id, st, transport, keeper=int(hello["pid"]))
     except BaseException:
         st.close()
         raise
@@ -655,22 +680,19 @@ def _host_pid(procs: list[int], ns_pid: int) -> int:
     return 0
 
 
-def _await_ready(it: _Interp) -> _Interp:
-    """Wait for a starting interpreter's ready line; closes the stream and raises SandboxError when none comes."""
-    st = it.stream
-    line = None
+def attach_and_start(api, cid: str) -> Any:
+    """Attach to PID 1's stdin (the socket whose closing ends the container), then start it; on failure the
+    container is removed and the error raised. Returns the socket."""
     try:
-        line = it.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
-        msg = json.loads(line) if line is not None else None
-    except ValueError:
-        msg = None
-    if not isinstance(msg, dict) or msg.get("ready") is not True:
-        st.close()
-        raise SandboxError(f"the interpreter did not start (first line {line!r:.200}; stderr "
-                           f"{_text(it.err)[-300:]!r})")
-    it.pid = int(msg.get("pid") or 0)
-    it.err.clear()
-    return it
+        watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
+        api.start(cid)
+    except Exception:
+        try:
+            api.remove_container(cid, force=True)
+        except Exception:  # noqa: BLE001, S110 - the create error is what matters
+            pass
+        raise
+    return watch
 
 
 class DockerSandbox:
@@ -686,7 +708,8 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self._interp: _Interp | None = box.interp
         box.interp = None
-        self._req = 0
+        self._call_before: _Counters | None = None  # the cgroup counters when the running call started
+        self._death: tuple[bool, bool, str | None] | None = None  # (oom, pids, reset note) when its interpreter died
         self._note: str | None = None  # said once in the next run_python's stderr (interpreter or sandbox reset)
         self._oom_seen = False
         self.closed = False
@@ -723,11 +746,11 @@ class DockerSandbox:
         return before is not None and self._box.cgroup.read().pids_max > before.pids_max
 
     def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
-        return ExecResult(exit_code=None, verdict="infra_error", duration_ms=(time.perf_counter() - t0) * 1000,
-                          error=f"{what}: {type(e).__name__}: {str(e)[:500]}")
+        return infra_result(self.backend, what, e, t0)
 
-    def _start_exec(self, argv: list[str], *, stdin: bool) -> tuple[str, _Stream]:
-        return _start_exec(self._api, self._box.id, argv, stdin=stdin)
+    def _start_exec(self, argv: list[str], *, stdin: bool, user: str | None = None) -> tuple[str, _Stream]:
+        return _start_exec(self._api, self._box.id, argv, stdin=stdin, user=user or self._owner.exec_user,
+                           workdir=self._owner.exec_workdir)
 
     def _exit_code(self, exec_id: str, wait_s: float = 1.0) -> int | None:
         end = time.monotonic() + wait_s
@@ -771,26 +794,35 @@ class DockerSandbox:
 
     def _drop_interpreter(self) -> None:
         if self._interp is not None:
-            self._interp.stream.close()
+            self._interp.client.close(kill=False)  # the interpreter exits on EOF; a dead container takes it along
         self._interp = None
 
     # -- Sandbox protocol ------------------------------------------------------------------------------------
-    def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None) -> ExecResult:
-        """Run argv (no shell) in the sandbox as user nobody in /workspace, with the call's limits."""
+    def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None,
+             user: str | None = None) -> ExecResult:
+        """Run argv (no shell) in the sandbox as user nobody in /workspace, with the call's limits.
+
+        `user` (Docker only, "UID:GID", both non-zero) runs it as another unprivileged user instead: the judge's
+        isolated runner (tasks/unittests.py) uses it so the solution, as nobody, cannot reach it. The container's
+        limits stay as they are: no capability, no-new-privileges, whatever the uid.
+        """
         if not argv:
             raise ValueError("exec needs a non-empty argv")
+        if user is not None and not re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user):
+            raise ValueError(f"exec user must be 'UID:GID', both non-zero, got {user!r}")
         with self._lock:
-            return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin)
+            return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin, user or SANDBOX_USER)
 
-    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None) -> ExecResult:
+    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None,
+              user: str = SANDBOX_USER) -> ExecResult:
         t0 = time.perf_counter()
         if self.closed:
             return self._infra("exec", SandboxError("sandbox already closed"), t0)
         before = self._counters()
-        cap = _Capture(self.config.output_limit_bytes)
+        cap = Capture(self.config.output_limit_bytes)
         cmd = ["timeout", "-s", "KILL", f"{timeout_s:.3f}", *argv]
         try:
-            exec_id, st = self._start_exec(cmd, stdin=stdin is not None)
+            exec_id, st = self._start_exec(cmd, stdin=stdin is not None, user=user)
         except Exception as e:
             if not _is_infra(e):
                 raise
@@ -816,6 +848,7 @@ class DockerSandbox:
                     break
         finally:
             st.close()
+        ran_s = time.perf_counter() - t0  # until the output ended: what the `timeout` wrapper's clock can have seen
         notes: list[str] = []
         exit_code: int | None = None
         try:
@@ -833,45 +866,23 @@ class DockerSandbox:
                 raise
             return self._infra("docker exec inspect failed", e, t0)
         elapsed = time.perf_counter() - t0
-        timed_out = backstop or (exit_code in (124, 137) and elapsed >= timeout_s)
+        # exit 137 is also a program killed by `kill -9` from inside: a timeout only when it ran that long (the
+        # inspect calls above take time under load, so the clock stops where the output ended)
+        timed_out = backstop or (exit_code in (124, 137) and ran_s >= timeout_s)
         if backstop:
             notes.append(f"[sandbox] no exit {GRACE_S:g}s past the {timeout_s:g}s timeout: killed by the backstop")
-        if flooded:
-            notes.append(f"[sandbox] output flood (over {cap.flood} bytes): killed")
-        if oom or flooded:
-            verdict = "resource_limit"
-        elif timed_out:
-            verdict = "timeout"
-        elif pids:
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif exit_code == 0:
-            verdict = "ok"
-        else:
-            verdict = "error"
-        if oom:
-            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
-        stderr = _text(cap.err) + ("\n" if notes and cap.err else "") + "\n".join(notes)
-        return ExecResult(exit_code=None if (backstop or flooded) else exit_code, stdout=_text(cap.out),
-                          stderr=stderr, timed_out=timed_out, oom_killed=oom, truncated=cap.truncated or flooded,
-                          duration_ms=elapsed * 1000, verdict=verdict)
+        # Docker reports a signal as exit 128 + n, which a program can also exit with: killed_by stays unknown
+        verdict, note = exec_verdict(
+            exit_code=exit_code, killed_by=None, timed_out=timed_out, flooded=flooded, flood_bytes=cap.flood,
+            oom=oom, pids=pids, stderr=cap.err, memory_mb=self.config.memory_mb, pids_limit=self.config.pids_limit)
+        return ExecResult(exit_code=None if (backstop or flooded) else exit_code, stdout=cap.stdout(),
+                          stderr=cap.stderr([*notes, note]), timed_out=timed_out, oom_killed=oom,
+                          truncated=cap.truncated or flooded, duration_ms=elapsed * 1000, verdict=verdict)
 
     def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         """Run code in this episode's persistent interpreter (globals kept across calls)."""
         with self._lock:
             return self._run_python(code, timeout_s or self.config.timeout_s)
-
-    def _interp_gone(self) -> bool:
-        """True when the idle interpreter's stream has ended (it died between calls)."""
-        it = self._interp
-        if it is None or it.stream.eof:
-            return it is not None
-        try:
-            if _wait(it.stream.sock, select.POLLIN, 0):
-                it.read_line(time.monotonic() + 0.001, 1 << 16)  # consumes EOF (or a stray line)
-        except (OSError, ValueError):
-            return True
-        return it.stream.eof
 
     def _kill_interpreter(self) -> tuple[int | None, str | None]:
         """Kill the interpreter and everything else of the sandbox user; returns (exit status, reset note)."""
@@ -884,6 +895,16 @@ class DockerSandbox:
             status = -(code - 128) if code is not None and code > 128 else code
         return status, note
 
+    def _interpreter_died(self) -> int | None:
+        """The client's kill callback (the interpreter hung, died or broke the protocol during a call): read the
+        cgroup counters first (a reset may swap the container), then kill what is left; returns the exit status."""
+        before = self._call_before
+        oom = self._oom_since(before)
+        pids = not oom and self._pids_hit(before)
+        status, reset = self._kill_interpreter()
+        self._death = (oom, pids, reset)
+        return status
+
     def _run_python(self, code: str, timeout_s: float) -> ExecResult:
         t0 = time.perf_counter()
         if self.closed:
@@ -891,102 +912,51 @@ class DockerSandbox:
         before = self._counters()
         notes = [self._note] if self._note else []
         self._note = None
-        if self._interp is not None and self._interp_gone():
+        if self._interp is not None and self._interp.client.gone():
             gone_code = self._exit_code(self._interp.exec_id, wait_s=0.2) if self._interp.exec_id else None
             self._drop_interpreter()
-            notes.append(f"[sandbox] the interpreter had died since the last call (exit {gone_code}; an out-of-memory "
-                         "kill during an earlier command is the usual cause): a fresh one runs this call, earlier "
-                         "variables are gone")
+            notes.append(f"{GONE_NOTE} (exit {gone_code})")
         try:
             if self._interp is None:
-                self._interp = _start_interpreter(self._api, self._box.id)
+                self._interp = _start_interpreter(self._api, self._box.id, self._owner.exec_user,
+                                                  self._owner.exec_workdir)
         except Exception as e:
             if not _is_infra(e) and not isinstance(e, SandboxError):
                 raise
             return self._infra("starting the interpreter failed", e, t0)
         it = self._interp
-        self._req += 1
-        rid = self._req
-        limit = self.config.output_limit_bytes
-        raw: dict[str, Any] = {"id": rid, "stdout": "", "stderr": "", "truncated": False, "exit_code": None,
-                               "timed_out": False, "error": None, "memory_error": False, "died": False,
-                               "exit_status": None}
-        req = json.dumps({"id": rid, "code": code, "timeout_s": timeout_s, "output_limit": limit}) + "\n"
-        start = time.monotonic()
-        deadline = start + timeout_s + GRACE_S
-        broke: str | None = None
+        it.client.kill = self._interpreter_died
+        self._call_before, self._death = before, None
         try:
-            it.stream.send(req.encode("utf-8", "surrogatepass"), deadline)
-            line = it.read_line(deadline, 14 * limit + 65536)
-        except (OSError, TimeoutError, ValueError) as e:
-            line, broke = None, f"[interpreter channel broke: {e}]"
-        resp: dict | None = None
-        if line is not None:
-            try:
-                resp = json.loads(line)
-                if not isinstance(resp, dict) or resp.get("id") != rid:
-                    raise ValueError(f"expected id {rid}, got {line[:200]!r}")
-            except ValueError as e:
-                resp, broke = None, f"[interpreter broke the protocol: {e}]"
-        try:
-            if resp is not None:
-                raw.update({k: resp[k] for k in raw if k in resp and k not in ("died", "exit_status")})
-            else:  # the interpreter died, hung past the backstop, or broke the protocol: kill what is left
-                hung = not it.stream.eof and broke is None
-                raw["died"] = True
-                raw["timed_out"] = hung and time.monotonic() - start >= timeout_s
-                died_err = _text(it.err)[-2000:]
-                oom = self._oom_since(before)  # before any reset swaps the container
-                pids = not oom and self._pids_hit(before)
-                status, reset = self._kill_interpreter()
-                raw["exit_status"] = status
-                raw["stderr"] = "\n".join(x for x in (broke, died_err.strip()) if x)
-                if hung:
-                    notes.append(f"[sandbox] the interpreter did not answer {GRACE_S:g}s past the {timeout_s:g}s "
-                                 "timeout and was killed")
+            raw = it.client.call_raw(code, timeout_s, self.config.output_limit_bytes)
+            if raw["died"]:
+                oom, pids, reset = self._death or (False, False, None)
                 if reset:
                     notes.append(reset)
-            if not raw["died"]:
+            else:
                 failed = raw["timed_out"] or raw["error"] is not None or raw["exit_code"] not in (None, 0)
                 # cgroup counters are cheap (two small files): always; without them, inspect only on failure
                 oom = self._oom_since(before) if (failed or before is not None) else False
                 pids = not oom and self._pids_hit(before)
-            if pids and not raw["died"]:
-                n = self._cleanup(it.pid)  # the forks that filled the pids table
-                if n:
-                    notes.append(n)
+                if pids:
+                    n = self._cleanup(it.pid)  # the forks that filled the pids table
+                    if n:
+                        notes.append(n)
         except Exception as e:
             self._drop_interpreter()
             if not _is_infra(e):
                 raise
             return self._infra("the interpreter connection failed", e, t0)
-        raw["duration_ms"] = (time.monotonic() - start) * 1000
-        fields = exec_fields(raw)
-        if oom:
-            fields.update(verdict="resource_limit", oom_killed=True)
-            notes.append(f"[sandbox] killed: out of memory (limit {self.config.memory_mb} MB)")
-        elif pids:
-            fields["verdict"] = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif raw["died"] and not raw["timed_out"]:
-            # Docker tells an OOM kill apart (above); any other death is the code killing its own interpreter.
-            fields["verdict"] = "error"
-        if notes:
-            fields["stderr"] = fields["stderr"] + ("\n" if fields["stderr"] else "") + "\n".join(notes)
+        fields = exec_fields(raw, oom=oom, pids=pids, memory_mb=self.config.memory_mb,
+                             pids_limit=self.config.pids_limit)
+        fields["stderr"] = with_notes(fields["stderr"], notes)
         fields["duration_ms"] = (time.perf_counter() - t0) * 1000
         return ExecResult(**fields)
 
     def write_files(self, files: dict[str, str]) -> None:
         """Write text files under /workspace (relative paths; parents created; symlinks replaced, never followed)."""
-        if not files:
-            return
-        payload = json.dumps(files).encode()
         with self._lock:
-            res = self._exec(["python3", "-S", "-c", WRITE_SOURCE, str(len(payload))],
-                             max(self.config.timeout_s, 10.0), payload)
-        if res.verdict != "ok":
-            raise SandboxError(f"writing {len(files)} file(s) into the sandbox failed ({res.verdict}): "
-                               f"{(res.error or res.stderr)[-500:]}")
+            write_files(self._exec, "python3", files, self.config.timeout_s)
 
     def close(self) -> None:
         """End the episode: remove the container (force), or with reuse hand it back to be reset and checked for
@@ -1012,6 +982,8 @@ class DockerBackend:
     started, episodes that got a reset one, and resets that failed (the container was removed)."""
 
     name = "docker"
+    exec_user = SANDBOX_USER  # who every exec and the interpreter run as, and where (sandbox/taskenv.py sets its own)
+    exec_workdir = WORKDIR
 
     def __init__(self, config: SandboxConfig, *, pool_size: int = 2, max_sandboxes: int = 64,
                  acquire_timeout_s: float = 120.0, client=None):
@@ -1076,16 +1048,7 @@ class DockerBackend:
             labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance}, host_config=host_config,
         )
         cid = cont["Id"]
-        try:
-            watch = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
-            api.start(cid)
-        except Exception:
-            try:
-                api.remove_container(cid, force=True)
-            except Exception:  # noqa: BLE001, S110 - the create error is what matters
-                pass
-            raise
-        box = _Container(cid, watch, _Cgroup(cid))
+        box = _Container(cid, attach_and_start(api, cid), _Cgroup(cid))
         if self.reuse and box.cgroup.resettable:
             procs = box.cgroup.processes()  # PID 1 alone, before any exec
             box.pid1 = procs[0] if len(procs) == 1 else 0
@@ -1192,16 +1155,16 @@ class DockerBackend:
                     "fix: run as root next to the engine, or set sandbox.reuse=false")
         it, box.interp = box.interp, None
         try:
-            if it is not None and it.keeper and box.keeper and not it.stream.eof:
+            if it is not None and it.keeper and box.keeper and it.client.alive and not it.client.gone():
                 try:
-                    _keeper_call(it, "reset")  # the interpreter is killed and reaped, its pipes closed
+                    _keeper_call(it.transport, "reset")  # the interpreter is killed and reaped, its pipes closed
                 except (SandboxError, OSError, TimeoutError, ValueError) as e:
                     return f"the keeper did not reset: {e}"
                 why = self._kill_all_but(box, {box.pid1, box.keeper})
                 if why is not None:
                     return why
-                _keeper_call(it, "spawn")
-                box.interp, it = _await_ready(it), None
+                _keeper_call(it.transport, "spawn")  # the old client goes with its interpreter: a new one
+                box.interp, it = _await_ready(it.exec_id, it.stream, it.transport, it.keeper), None
             else:  # the keeper is gone (user code killed it, or the interpreter died): a new one, by exec
                 if it is not None:
                     it.stream.close()

@@ -23,8 +23,8 @@ thread, re-raised every 0.1 s if the code swallows it; a watchdog thread kills t
 after the deadline so a call blocked in C (`os.system`) returns. Code that blocks signals is the host's job:
 `InterpreterClient` keeps a hard deadline (timeout + grace) and then kills the process through a callback.
 
-This module does not start sandboxes, map results to `ExecResult` verdicts beyond `exec_fields`, or enforce limits
-other than time and output size (memory, pids, disk, network belong to the backend).
+This module does not start sandboxes, map results to `ExecResult` verdicts (sandbox/verdicts.py does), or enforce
+limits other than time and output size (memory, pids, disk, network belong to the backend).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 PROTOCOL_LINE_LIMIT_FACTOR = 14  # a JSON line may hold 2 streams of output_limit bytes, each escaped up to 6x
 WATCHDOG_GRACE_S = 0.5  # after the deadline, child processes of the call are killed
@@ -408,10 +408,10 @@ class _Zygote:
             return {"error": f"spawn needs 3 file descriptors, got {len(fds)}"}
         pid = os.fork()
         if pid == 0:  # the episode's interpreter
+            # No death signal tied to the zygote: user code can kill the zygote (`os.kill(-1, SIGKILL)`), and the
+            # cell that did so must still finish and answer, as on Docker. The backend kills an orphaned
+            # interpreter itself (the zygote's `kill` failing means: kill every process of the sandbox).
             try:
-                self.libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the zygote
-                if os.getppid() != self.pid:
-                    os._exit(137)
                 self.libc.prctl(4, 1, 0, 0, 0)  # dumpable again: user code reads its own /proc/self as usual
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
@@ -526,40 +526,113 @@ def interpreter_argv(python: str = "python3") -> list[str]:
     return [python, "-u", "-c", interpreter_source()]
 
 
-class InterpreterClient:
-    """Talk to one running interpreter over its stdin/stdout pipes, with a hard host-side deadline per call.
+GONE_NOTE = ("[sandbox] the interpreter had died since the last call (an out-of-memory kill or a kill signal during "
+             "an earlier command): a fresh one runs this call, earlier variables are gone")
 
-    `stdin` is a binary writable file of the process's stdin; `stdout` anything with fileno() for its stdout.
-    `kill` must kill the interpreter process (and what it started, if the backend can) and return its exit status
-    (negative signal number as in subprocess) or None when unknown; it is called when a call runs past
-    timeout_s + grace_s, when the interpreter dies, or when it breaks the protocol. After that `alive` is False and
-    the backend starts a new interpreter (the episode's variables are gone, its files are not).
-    """
 
-    def __init__(self, stdin: BinaryIO, stdout: Any, kill: Callable[[], int | None], *, grace_s: float = 2.0,
-                 startup_timeout_s: float = 30.0) -> None:
+class Transport(Protocol):
+    """How the host reaches one running interpreter: its stdin and its stdout (the protocol), wherever it runs.
+    The local backend plugs in pipes (`PipeTransport`), the Docker backend a `docker exec` socket."""
+
+    def send(self, data: bytes, deadline: float) -> None:
+        """Write all of data to the interpreter's stdin by `deadline` (time.monotonic); raises OSError/TimeoutError."""
+        ...
+
+    def recv(self, deadline: float) -> bytes | None:
+        """What the interpreter's stdout holds, waiting until `deadline` for at least one byte (one look when it has
+        passed); b"" at EOF, None when nothing came."""
+        ...
+
+    def stderr_tail(self) -> str:
+        """The last of what the interpreter process wrote on its own stderr (start-up errors; never a cell's)."""
+        ...
+
+    def close(self) -> None:
+        """Close the channel (the interpreter exits when its stdin closes)."""
+        ...
+
+
+class PipeTransport:
+    """An interpreter's stdin/stdout pipes (and, optionally, its stderr) on this host."""
+
+    def __init__(self, stdin: BinaryIO, stdout: Any, stderr_fd: int = -1) -> None:
         self._stdin = stdin
         self._fd = stdout.fileno() if hasattr(stdout, "fileno") else int(stdout)
+        self._owned = stdout if hasattr(stdout, "fileno") else None
+        self._err = stderr_fd
         os.set_blocking(self._fd, False)
         self._poller = select.poll()  # not select(): it fails on descriptors past 1024, which a busy host reaches
         self._poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        self._kill = kill
+
+    def send(self, data: bytes, deadline: float) -> None:
+        self._stdin.write(data)
+        self._stdin.flush()
+
+    def recv(self, deadline: float) -> bytes | None:
+        if not self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            return None
+        try:
+            return os.read(self._fd, 1 << 20)
+        except BlockingIOError:
+            return None
+
+    def stderr_tail(self) -> str:
+        if self._err < 0:
+            return ""
+        try:
+            os.set_blocking(self._err, False)
+            return os.read(self._err, 1 << 16).decode(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        for f in (self._stdin, self._owned):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        for fd in ((self._fd,) if self._owned is None else ()) + ((self._err,) if self._err >= 0 else ()):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._err = -1
+
+
+class InterpreterClient:
+    """Talk to one running interpreter over a `Transport`, with a hard host-side deadline per call: the one client
+    of the protocol, whatever the backend.
+
+    `kill` (settable later: a backend may adopt a prestarted interpreter) must kill the interpreter process (and
+    what it started, if the backend can) and return its exit status (negative signal number as in subprocess) or
+    None when unknown; it is called when a call runs past timeout_s + grace_s, when the interpreter dies, or when
+    it breaks the protocol. After that `alive` is False and the backend starts a new interpreter (the episode's
+    variables are gone, its files are not).
+    """
+
+    def __init__(self, transport: Transport, kill: Callable[[], int | None] | None = None, *, grace_s: float = 2.0,
+                 startup_timeout_s: float = 30.0) -> None:
+        self.transport = transport
+        self.kill = kill
         self._buf = bytearray()
         self._next_id = 0
         self.grace_s = grace_s
         self.startup_timeout_s = startup_timeout_s
         self.alive = True
+        self.eof = False
         self.ready: dict[str, Any] | None = None
         self.exit_status: int | None = None
 
     def _die(self) -> None:
         if self.alive:
             self.alive = False
-            self.exit_status = self._kill()
+            self.exit_status = self.kill() if self.kill is not None else None
 
     def _read_line(self, deadline: float, limit: int, watch: Callable[[], None] | None = None) -> bytes | None:
-        """One protocol line, or None at EOF or when the deadline passes. Raises on an oversized line.
-        `watch`, if given, is called every WATCH_INTERVAL_S while the line has not come."""
+        """One protocol line, or None at EOF (then `eof` is set) or when the deadline passes. Raises
+        InterpreterError on an oversized line. `watch`, if given, is called every WATCH_INTERVAL_S while the line
+        has not come."""
         while True:
             nl = self._buf.find(b"\n")
             if nl >= 0:
@@ -568,19 +641,19 @@ class InterpreterClient:
                 return line
             if len(self._buf) > limit:
                 raise InterpreterError(f"interpreter wrote a protocol line over {limit} bytes")
+            if self.eof:
+                return None
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            wait = left if watch is None else min(left, WATCH_INTERVAL_S)
-            if not self._poller.poll(wait * 1000):
+            data = self.transport.recv(deadline if watch is None else min(deadline, time.monotonic()
+                                                                          + WATCH_INTERVAL_S))
+            if data is None:
                 if watch is not None:
                     watch()
                 continue
-            try:
-                data = os.read(self._fd, 1 << 20)
-            except BlockingIOError:
-                continue
             if not data:
+                self.eof = True
                 return None
             self._buf += data
 
@@ -595,9 +668,20 @@ class InterpreterClient:
             msg = None
         if not isinstance(msg, dict) or msg.get("ready") is not True:
             self._die()
-            raise InterpreterError(f"interpreter did not start (first line {line!r:.200}, exit {self.exit_status})")
+            raise InterpreterError(f"interpreter did not start (first line {line!r:.200}, exit {self.exit_status}; "
+                                   f"stderr {self.transport.stderr_tail()[-300:]!r})")
         self.ready = msg
         return msg
+
+    def gone(self) -> bool:
+        """Whether the idle interpreter's channel has ended (it died between calls); one look, no wait."""
+        if not self.eof:
+            data = self.transport.recv(0.0)
+            if data == b"":
+                self.eof = True
+            elif data:
+                self._buf += data  # a stray line; the next call's id check refuses it
+        return self.eof
 
     def call_raw(self, code: str, timeout_s: float, output_limit: int,
                  watch: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -605,9 +689,9 @@ class InterpreterClient:
         `watch` is called every WATCH_INTERVAL_S while the cell runs (the local backend samples the sandbox's
         process count with it).
 
-        Never raises for the program's behaviour: a hang past timeout_s + grace_s returns timed_out=True with
-        died=True, and a dead interpreter returns died=True. Raises InterpreterError only when called after the
-        interpreter is dead or when it never started.
+        Never raises for the program's behaviour: no answer by timeout_s + grace_s returns timed_out=True with
+        died=True; a dead interpreter (EOF) or a broken protocol returns died=True (not a timeout, however long it
+        took). Raises InterpreterError only when called after the interpreter is dead or when it never started.
         """
         if not self.alive:
             raise InterpreterError("interpreter is dead; start a new one")
@@ -615,78 +699,45 @@ class InterpreterClient:
         self._next_id += 1
         rid = self._next_id
         start = time.monotonic()
+        deadline = start + timeout_s + self.grace_s
         req = json.dumps({"id": rid, "code": code, "timeout_s": timeout_s, "output_limit": output_limit}) + "\n"
         base = {"id": rid, "stdout": "", "stderr": "", "truncated": False, "exit_code": None, "timed_out": False,
                 "error": None, "memory_error": False, "died": False, "exit_status": None}
+        broke = None
         try:
-            self._stdin.write(req.encode("utf-8", "surrogatepass"))
-            self._stdin.flush()
-            line = self._read_line(start + timeout_s + self.grace_s, PROTOCOL_LINE_LIMIT_FACTOR * output_limit + 65536,
-                                   watch)
-        except (BrokenPipeError, InterpreterError, OSError) as e:
-            line, base["stderr"] = None, f"[interpreter channel broke: {e}]"
-        duration_ms = (time.monotonic() - start) * 1000
-        if line is None:
-            timed_out = time.monotonic() - start >= timeout_s
+            self.transport.send(req.encode("utf-8", "surrogatepass"), deadline)
+            line = self._read_line(deadline, PROTOCOL_LINE_LIMIT_FACTOR * output_limit + 65536, watch)
+        except (InterpreterError, OSError, TimeoutError) as e:
+            line, broke = None, f"[interpreter channel broke: {e}]"
+        resp = None
+        if line is not None:
+            try:
+                resp = json.loads(line)
+                if not isinstance(resp, dict) or resp.get("id") != rid:
+                    raise ValueError(f"expected id {rid}, got {line[:200]!r}")
+            except ValueError as e:
+                resp, broke = None, f"[interpreter broke the protocol: {e}]"
+        if resp is None:
+            hung = broke is None and not self.eof
             self._die()
-            return {**base, "timed_out": timed_out, "died": True, "exit_status": self.exit_status,
-                    "duration_ms": duration_ms}
-        try:
-            resp = json.loads(line)
-            if not isinstance(resp, dict) or resp.get("id") != rid:
-                raise ValueError(f"expected id {rid}, got {line[:200]!r}")
-        except ValueError as e:
-            self._die()
-            return {**base, "stderr": f"[interpreter broke the protocol: {e}]", "died": True,
-                    "exit_status": self.exit_status, "duration_ms": duration_ms}
+            stderr = "\n".join(x for x in (broke, self.transport.stderr_tail().strip()) if x)
+            return {**base, "stderr": stderr, "timed_out": hung, "died": True, "exit_status": self.exit_status,
+                    "duration_ms": (time.monotonic() - start) * 1000}
         return {**base, **{k: resp[k] for k in base if k in resp and k not in ("died", "exit_status")},
-                "duration_ms": duration_ms}
+                "duration_ms": (time.monotonic() - start) * 1000}
 
     def call(self, code: str, timeout_s: float, output_limit: int) -> dict[str, Any]:
-        """Run one cell; return the fields of an `ExecResult` (see `exec_fields`)."""
+        """Run one cell; return the fields of an `ExecResult` (see sandbox/verdicts.py `exec_fields`)."""
+        from sandbox.verdicts import exec_fields  # host side only: the program above imports nothing of ours
+
         return exec_fields(self.call_raw(code, timeout_s, output_limit))
 
-    def close(self) -> None:
-        """Close stdin (the interpreter exits on EOF) and kill it."""
-        try:
-            self._stdin.close()
-        except OSError:
-            pass
-        self._die()
-
-
-def exec_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """Map a `call_raw` response to the fields of `sandbox.result.ExecResult` (same verdicts on every backend).
-
-    ok: the cell finished (or SystemExit(0)); error: an uncaught exception, a nonzero SystemExit, or the code killed
-    its own interpreter; timeout: past timeout_s; resource_limit: MemoryError, or the interpreter killed by
-    SIGXCPU/SIGXFSZ (an rlimit). The traceback stays in stderr (what the model sees); ExecResult.error is only for
-    infrastructure text, so it is None here.
-    """
-    stderr = raw["stderr"]
-    if raw["timed_out"]:
-        verdict, exit_code = "timeout", None
-        if raw["died"]:
-            stderr += "\n[the interpreter did not stop at its timeout and was killed; variables are lost, files are kept]"
-    elif raw["died"]:
-        status = raw.get("exit_status")
-        if status is not None and -status in (signal.SIGXCPU, signal.SIGXFSZ):
-            verdict = "resource_limit"
-        else:
-            verdict = "error"
-        exit_code = status
-        stderr += "\n[the interpreter died; variables of this episode are lost, files are kept]"
-    elif raw["memory_error"]:
-        verdict, exit_code = "resource_limit", 1
-    elif raw["error"] is not None:
-        verdict, exit_code = "error", 1
-    elif raw["exit_code"] not in (None, 0):
-        verdict, exit_code = "error", raw["exit_code"]
-    else:
-        verdict, exit_code = "ok", 0
-    return {"exit_code": exit_code, "stdout": raw["stdout"], "stderr": stderr, "timed_out": raw["timed_out"],
-            "oom_killed": False, "truncated": bool(raw["truncated"]), "duration_ms": raw["duration_ms"],
-            "verdict": verdict, "error": None}
+    def close(self, *, kill: bool = True) -> None:
+        """Close the channel (the interpreter exits on EOF) and, with `kill`, kill it."""
+        self.transport.close()
+        if kill:
+            self._die()
+        self.alive = False
 
 
 if __name__ == "__main__":

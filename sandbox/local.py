@@ -35,6 +35,9 @@ timeouts that kill the call's process group (and, on timeout, every process of t
 interpreter), stdout/stderr caps with a truncated flag, and an output flood far past the cap kills an `exec` call.
 There is no seccomp filter (Docker adds one).
 
+The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
+(sandbox/capture.py), the file writer (sandbox/files.py) and the interpreter-protocol client, which this module
+plugs into pipes (`PipeTransport`, sandbox/interpreter.py).
 This module does not choose a backend (sandbox/backend.py) and does not talk to Docker.
 """
 
@@ -55,8 +58,18 @@ import weakref
 from pathlib import Path
 from typing import Self
 
-from sandbox.interpreter import ZYGOTE_ARG, InterpreterClient, InterpreterError, exec_fields, interpreter_source
+from sandbox.capture import STDERR, STDOUT, Capture, with_notes
+from sandbox.files import write_files
+from sandbox.interpreter import (
+    GONE_NOTE,
+    ZYGOTE_ARG,
+    InterpreterClient,
+    InterpreterError,
+    PipeTransport,
+    interpreter_source,
+)
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
+from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +80,6 @@ GRACE_S = 2.0  # how long past its timeout a call may run before the host kills 
 START_TIMEOUT_S = 10.0
 STRAY_WAIT_S = 2.0  # how long killing a call's leftover processes waits for them to exit
 ZYGOTE_TIMEOUT_S = 5.0  # a zygote that does not answer a request in this time is broken: the sandbox is destroyed
-MIN_FLOOD_BYTES = 32 * 1024 * 1024  # exec output beyond max(this, 8 x the cap) kills the call (resource_limit)
 SANDBOX_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
@@ -164,25 +176,6 @@ if os.WIFSIGNALED(status):
 os._exit(os.waitstatus_to_exitcode(status))
 """
 
-# Write files into the workspace from a JSON object {relative path: text} on stdin; never follows a symlink.
-WRITE_SOURCE = r"""
-import json, os, sys
-files = json.loads(sys.stdin.buffer.read())
-root = os.path.realpath(os.getcwd())
-for rel, text in files.items():
-    path = os.path.normpath(os.path.join(root, rel))
-    if not path.startswith(root + os.sep):
-        print(f"refusing path outside the workspace: {rel!r}", file=sys.stderr); sys.exit(2)
-    parent = os.path.dirname(path)
-    if os.path.realpath(parent) != parent:
-        print(f"refusing path through a symlink: {rel!r}", file=sys.stderr); sys.exit(2)
-    os.makedirs(parent, exist_ok=True)
-    try: os.unlink(path)
-    except FileNotFoundError: pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f: f.write(text)
-"""
-
 
 def _host_python() -> str:
     """The python3 under /usr: bound read-only into the sandbox and used to enter it."""
@@ -213,12 +206,6 @@ def _root_binds() -> list[str]:
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
     return args
-
-
-def _memory_error(stderr: bytes | bytearray) -> bool:
-    """Whether a program's stderr ends with Python's MemoryError (how RLIMIT_AS shows in a python process)."""
-    lines = stderr.rstrip().splitlines()
-    return bool(lines) and lines[-1].startswith(b"MemoryError")
 
 
 def _fork_failed(stderr: bytes | bytearray | str) -> bool:
@@ -265,8 +252,6 @@ class LocalSandbox:
         self._owner = owner
         self._lock = threading.RLock()
         self._interp: InterpreterClient | None = None
-        self._interp_err = -1  # read end of the interpreter's original stderr (start-up errors land there)
-        self._interp_out = -1
         self._zygote: socket.socket | None = None
         self._zygote_proc: subprocess.Popen | None = None  # the enter helper that waits on the zygote
         self._zygote_pid = 0  # the zygote's host pid
@@ -518,9 +503,7 @@ class LocalSandbox:
         return n >= near
 
     def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
-        log.warning("local sandbox %s: %s", what, e)
-        return ExecResult(exit_code=None, verdict="infra_error", error=f"{what}: {type(e).__name__}: {e}",
-                          duration_ms=(time.perf_counter() - t0) * 1000)
+        return infra_result(self.backend, what, e, t0)
 
     # -- exec ----------------------------------------------------------------------------------------------------
     def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None) -> ExecResult:
@@ -541,14 +524,11 @@ class LocalSandbox:
             proc, status_r = self._enter(wrapped, exec_call=True, timeout_s=timeout_s, stdin=stdin is not None)
         except (OSError, SandboxError) as e:
             return self._infra("starting the command failed", e, t0)
-        limit = self.config.output_limit_bytes
-        flood_at = max(MIN_FLOOD_BYTES, 8 * limit)
+        cap = Capture(self.config.output_limit_bytes)
         assert proc.stdout is not None and proc.stderr is not None
-        proc_err = proc.stderr.fileno()
-        bufs = {proc.stdout.fileno(): bytearray(), proc_err: bytearray()}
-        seen = dict.fromkeys(bufs, 0)
-        open_fds = set(bufs)
-        for fd in bufs:
+        streams = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
+        open_fds = set(streams)
+        for fd in streams:
             os.set_blocking(fd, False)
         pending = memoryview(stdin or b"")
         if proc.stdin is not None:
@@ -565,10 +545,7 @@ class LocalSandbox:
                 if not data:
                     open_fds.discard(fd)
                     return
-                room = limit - len(bufs[fd])
-                if room > 0:
-                    bufs[fd] += data[:room]
-                seen[fd] += len(data)
+                cap.add(streams[fd], data)
 
         pidfd = os.pidfd_open(proc.pid)
         deadline = time.monotonic() + timeout_s
@@ -602,7 +579,7 @@ class LocalSandbox:
                         pending = memoryview(b"")
                     if not pending:
                         proc.stdin.close()
-                if max(seen.values()) > flood_at:
+                if cap.flooded:
                     flooded = True
                     break
                 if pidfd in r:
@@ -610,7 +587,7 @@ class LocalSandbox:
         finally:
             os.close(pidfd)
         notes = []
-        pids = self._pids_hit(bufs[proc_err])
+        pids = self._pids_hit(cap.err)
         if timed_out or flooded or pids:
             n = self._kill_strays(keep=self._interp_keep())
             if n:
@@ -628,32 +605,13 @@ class LocalSandbox:
         if entry_error is not None:
             return self._infra("entering the sandbox failed", SandboxError(entry_error), t0)
         elapsed = time.perf_counter() - t0
-        code = proc.returncode
-        truncated = any(n > limit for n in seen.values())
-        if flooded:
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] output flood (> {flood_at} bytes): killed")
-        elif pids:
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
-        elif timed_out:
-            verdict = "timeout"
-        elif code == 0:
-            verdict = "ok"
-        elif code is not None and -code in (signal.SIGXCPU, signal.SIGXFSZ):
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] killed by {signal.Signals(-code).name} (a resource limit)")
-        elif _memory_error(bufs[proc_err]):
-            verdict = "resource_limit"
-            notes.append(f"[sandbox] the memory limit ({self.config.memory_mb} MB per process) was reached")
-        else:
-            verdict = "error"
-        out, err = (bytes(b).decode("utf-8", "replace") for b in bufs.values())
-        if notes:
-            err += ("\n" if err else "") + "\n".join(notes)
-        return ExecResult(exit_code=None if (timed_out or flooded) else code, stdout=out, stderr=err,
-                          timed_out=timed_out, truncated=truncated or flooded, duration_ms=elapsed * 1000,
-                          verdict=verdict)
+        code = None if (timed_out or flooded) else proc.returncode
+        verdict, note = exec_verdict(
+            exit_code=code, killed_by=-code if code is not None and code < 0 else None, timed_out=timed_out,
+            flooded=flooded, flood_bytes=cap.flood, oom=False, pids=pids, stderr=cap.err,
+            memory_mb=self.config.memory_mb, pids_limit=self.config.pids_limit)
+        return ExecResult(exit_code=code, stdout=cap.stdout(), stderr=cap.stderr([*notes, note]), timed_out=timed_out,
+                          truncated=cap.truncated or flooded, duration_ms=elapsed * 1000, verdict=verdict)
 
     # -- the zygote and run_python -------------------------------------------------------------------------------
     def _start_zygote(self) -> None:
@@ -742,8 +700,6 @@ class LocalSandbox:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
         pid = int(reply["pid"])
-        self._interp_err = err_r
-        stdin = os.fdopen(in_w, "wb")
 
         def kill() -> int | None:
             try:
@@ -752,16 +708,11 @@ class LocalSandbox:
                 self._kill_strays(keep=set())
                 return None
 
-        self._interp = InterpreterClient(stdin, out_r, kill, grace_s=GRACE_S)
-        self._interp_out = out_r
+        self._interp = InterpreterClient(PipeTransport(os.fdopen(in_w, "wb"), out_r, err_r), kill, grace_s=GRACE_S)
 
     def _drop_interpreter(self) -> None:
         if self._interp is not None:
             self._interp.close()
-            os.close(self._interp_out)
-        if self._interp_err >= 0:
-            os.close(self._interp_err)
-            self._interp_err = -1
         self._interp = None
 
     def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
@@ -773,15 +724,19 @@ class LocalSandbox:
         t0 = time.perf_counter()
         if self.closed:
             return self._infra("run_python", SandboxError("sandbox already closed"), t0)
+        notes = [self._note] if self._note else []
+        self._note = None
+        if self._interp is not None and self._interp.gone():  # killed between calls (e.g. by an exec's kill -9 -1)
+            self._drop_interpreter()
+            notes.append(GONE_NOTE)
         try:
             if self._interp is None:
                 self._start_interpreter()
             assert self._interp is not None
             self._interp.wait_ready()
         except (OSError, SandboxError, InterpreterError) as e:
-            detail = _read_now(self._interp_err) if self._interp_err >= 0 else ""
             self._drop_interpreter()
-            return self._infra("starting the interpreter failed", SandboxError(f"{e} {detail}".strip()), t0)
+            return self._infra("starting the interpreter failed", e, t0)
         peak = [0]  # the most tasks the sandbox held while the cell ran (sampled only past WATCH_INTERVAL_S)
 
         def watch() -> None:
@@ -791,35 +746,24 @@ class LocalSandbox:
         if raw["died"] and not self.alive():
             self._drop_interpreter()
             return self._infra("run_python", SandboxError("the sandbox's PID 1 died during the call"), t0)
-        fields = exec_fields(raw)
-        notes = [self._note] if self._note else []
-        self._note = None
         pids = self._pids_hit(raw["error"] or "", peak[0])
         if raw["timed_out"] or raw["died"] or pids:
             n = self._kill_strays(keep=self._interp_keep())
             if n:
                 notes.append(f"[sandbox] killed {n} process(es) the call left behind")
-        if pids:
-            fields["verdict"] = "resource_limit"
-            notes.append(f"[sandbox] the pids limit ({self.config.pids_limit}) was reached")
+        fields = exec_fields(raw, pids=pids, memory_mb=self.config.memory_mb, pids_limit=self.config.pids_limit)
         if raw["died"]:
             self._drop_interpreter()
             self._note = "[sandbox] a fresh interpreter started: variables from earlier calls are gone, files are kept"
-        if notes:
-            fields["stderr"] = "\n".join(notes) + ("\n" + fields["stderr"] if fields["stderr"] else "")
+        fields["stderr"] = with_notes(fields["stderr"], notes)
         fields["duration_ms"] = (time.perf_counter() - t0) * 1000
         return ExecResult(**fields)
 
     # -- files and close -----------------------------------------------------------------------------------------
     def write_files(self, files: dict[str, str]) -> None:
         """Write text files under /workspace (relative paths; parents created; symlinks replaced, never followed)."""
-        if not files:
-            return
-        res = self.exec([self._owner.python, "-c", WRITE_SOURCE], timeout_s=max(self.config.timeout_s, 10.0),
-                        stdin=json.dumps(files).encode())
-        if res.verdict != "ok":
-            raise SandboxError(f"writing {len(files)} file(s) into the sandbox failed ({res.verdict}): "
-                               f"{(res.error or res.stderr)[-500:]}")
+        write_files(lambda argv, timeout_s, stdin: self.exec(argv, timeout_s=timeout_s, stdin=stdin),
+                    self._owner.python, files, self.config.timeout_s)
 
     def close(self) -> None:
         """End the episode: with `reuse`, hand the sandbox back to be reset for another episode (a new handle; this

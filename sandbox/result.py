@@ -7,7 +7,7 @@ This module runs nothing.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,6 +76,14 @@ class Backend(Protocol):
 
     def shutdown(self) -> None:
         """Release every sandbox and pooled resource of this backend."""
+        ...
+
+    def __enter__(self) -> Self:
+        """The backend itself: every caller holds one as `with open_backend(config) as backend:`."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        """shutdown()."""
         ...
 
 

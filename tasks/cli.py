@@ -1,4 +1,5 @@
-"""Plain functions behind `flywheel verify --trajectories FILE.jsonl [--tasks FILE]` and `flywheel tasks ...`.
+"""Plain functions behind `flywheel verify --trajectories FILE.jsonl [--tasks FILE]` and `flywheel tasks ...`
+(including `tasks import harbor DIR`).
 
 flows/cli.py wires them to the command line; they print nothing themselves except `verify_trajectories`, which
 writes one JSON line per trajectory to `out` (trajectory_id, verdict, reward, hack_flags; `failed`: per test what
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from sandbox.result import Backend, SandboxError
 from tasks.loaders import ValidationReport, load_tasks, validate_file, write_tasks
@@ -36,6 +37,10 @@ def tasks_list() -> list[SuiteInfo]:
 def tasks_show(source: str, *, n: int = 3, split: str = "train", seed: int = 0, difficulty: int = 1,
                format: str = "auto") -> list[Task]:
     """`flywheel tasks show SUITE|FILE`: the first n tasks of a built-in suite or of a task file."""
+    if Path(source).is_dir():
+        from tasks.harbor import load_harbor
+
+        return load_harbor(source)[:n]
     if Path(source).exists():
         return load_tasks(source, format=format, split=split)[:n]
     return load_suite(source, n, split=split, seed=seed, difficulty=difficulty)
@@ -50,6 +55,36 @@ def tasks_export(source: str, out_path: str, *, n: int, split: str = "train", se
 def tasks_validate(path: str, *, format: str = "auto") -> ValidationReport:
     """`flywheel tasks validate FILE`: every problem with file, line and field (report.ok when none)."""
     return validate_file(path, format=format)
+
+
+class HarborImport(BaseModel):
+    """What `flywheel tasks import harbor DIR` loaded: the tasks, and which images it built or found present."""
+
+    tasks: list[Task]
+    built: list[str] = Field(default_factory=list, description="Image tags built by this import.")
+    reused: list[str] = Field(default_factory=list, description="Image tags that were already in the engine.")
+    out: str | None = Field(default=None, description="The spec file written, when asked for.")
+
+
+def tasks_import_harbor(path: str, *, build: bool = True, out: str | None = None) -> HarborImport:
+    """`flywheel tasks import harbor DIR`: validate every task folder, build (or reuse) their images, and optionally
+    write the tasks as a spec file. Raises HarborTaskError / SandboxUnavailable naming the problem; writes nothing
+    then."""
+    from tasks.harbor import build_images, load_harbor
+
+    tasks = load_harbor(path)
+    res = HarborImport(tasks=tasks)
+    if build:
+        from sandbox.engine import image_id
+
+        tags = sorted({t.metadata["harbor"]["image"] for t in tasks})
+        before = {tag: image_id(tag) is not None for tag in tags}
+        build_images(tasks)
+        res.built = [tag for tag in tags if not before[tag]]
+        res.reused = [tag for tag in tags if before[tag]]
+    if out:
+        res.out = str(write_tasks(tasks, out))
+    return res
 
 
 def _line_result(tid: str, verdict: str, reward: float | None, flags: list[str], error: str | None = None) -> dict:

@@ -16,6 +16,15 @@ the role; nothing here is imported on the host.
   test in its own namespace where the solution's functions are proxies to that server and its plain globals are
   decoded copies. It never imports the solution. Its one report line carries the secret; the host accepts it only
   with that secret and exit status 0.
+- Runner and server as different users where the backend allows (Docker): an exec as the sandbox user (nobody)
+  runs `launch`, which starts a detached server listening on a Unix socket and returns; then an exec as another
+  unprivileged uid (no capability either) runs the runner, which connects to it. The solution then cannot signal
+  or stop the runner (EPERM), ptrace it, or open its /proc/<pid>/environ, maps, mem or fd (EACCES); only the
+  world-readable cmdline and status remain, which hold no secret (the secret and the tests come on stdin). The
+  report says `uid_split` from the server's socket credentials. The local backend (bubblewrap) maps one uid into
+  its user namespace, so there the runner starts the server as its child on the same uid: the solution can
+  signal it (a killed or stopped runner gives no report, which never passes) and read its cmdline/status, and
+  only non-dumpability keeps its memory, environment and descriptors closed.
 """
 
 import builtins as _builtins
@@ -25,9 +34,7 @@ import os as _os
 import select as _select
 import signal as _signal
 import sys as _sys
-import tempfile as _tempfile
 import time as _time
-import traceback as _traceback
 import types as _types
 
 MARKER = "__FLYWHEEL_JUDGE__"
@@ -42,11 +49,46 @@ def _write_all(fd, data):
 
 
 def _tb(e):
-    return "".join(_traceback.format_exception(type(e), e, e.__traceback__))[-800:]
+    """The exception as `traceback.format_exception` words it (frames, source lines of real files, the exception
+    line; no chained causes), without importing traceback and linecache: the call server starts on every verdict."""
+    lines = ["Traceback (most recent call last):"]
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append('  File "%s", line %d, in %s' % (code.co_filename, tb.tb_lineno, code.co_name))
+        src = _source_line(code.co_filename, tb.tb_lineno)
+        if src:
+            lines.append("    " + src)
+        tb = tb.tb_next
+    name = type(e).__qualname__
+    mod = type(e).__module__
+    if mod not in ("builtins", "__main__"):
+        name = mod + "." + name
+    try:
+        text = str(e)
+    except BaseException:  # noqa: BLE001 - a __str__ that raises
+        text = "<exception str() failed>"
+    lines.append(name + (": " + text if text else ""))
+    return "\n".join(lines)[-800:] + "\n"
+
+
+_LINES = {}
+
+
+def _source_line(path, lineno):
+    if path not in _LINES:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                _LINES[path] = f.read(1 << 20).splitlines()
+        except (OSError, ValueError):
+            _LINES[path] = []
+    lines = _LINES[path]
+    return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
 
 
 def _place_files(files):
-    workdir = _tempfile.mkdtemp(prefix="fwjudge-")
+    workdir = "/tmp/fwjudge-" + _os.urandom(8).hex()
+    _os.mkdir(workdir, 0o700)
     for rel, content in files.items():
         path = _os.path.normpath(_os.path.join(workdir, rel))
         if not path.startswith(workdir + _os.sep):
@@ -183,13 +225,8 @@ class _Server:
                     "events": ["not_plain_data:" + e.type_name]}
 
 
-def serve():
-    """The call server: a header line, then (serve mode) one call per line until EOF; one reply line each."""
-    in_fd = _os.dup(0)
-    out_fd = _os.dup(1)
-    null = _os.open(_os.devnull, _os.O_RDWR)
-    _os.dup2(null, 0)
-    _os.dup2(null, 1)
+def _serve_on(in_fd, out_fd):
+    """Answer one client: a header line, then (serve mode) one call per line until EOF; one reply line each."""
     reader = _os.fdopen(in_fd, "rb")
     req = _json.loads(reader.readline())
     server = _Server(req, out_fd)
@@ -202,6 +239,66 @@ def serve():
             c = _json.loads(line)
             server.send(dict(server.call(c["i"], c["func"], c["args"], c["kwargs"]), kind="call"))
     _os._exit(0)
+
+
+def serve():
+    """The call server on this process's stdin/stdout (the data path, and the runner's child on one uid)."""
+    in_fd = _os.dup(0)
+    out_fd = _os.dup(1)
+    null = _os.open(_os.devnull, _os.O_RDWR)
+    _os.dup2(null, 0)
+    _os.dup2(null, 1)
+    _serve_on(in_fd, out_fd)
+
+
+def launch():
+    """Start a detached call server (this exec's user, the sandbox user) listening on a Unix socket for the runner,
+    which runs as another user in a later exec; print one ready line once it listens, then exit.
+
+    The request (stdin) names the socket folder (created here, mode 0755) and how long to wait for the runner.
+    The server accepts one connection, then serves it as `serve` does; it never imports the solution before the
+    runner's header arrives.
+    """
+    import socket
+
+    req = _json.loads(_sys.stdin.buffer.read())
+    folder = req["folder"]
+    _os.mkdir(folder, 0o755)
+    path = _os.path.join(folder, "s")
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(path)
+    _os.chmod(path, 0o666)  # the runner, another uid, must be allowed to connect
+    lsock.listen(1)
+    r, w = _os.pipe()
+    if _os.fork() == 0:
+        _os.close(r)
+        _os.setsid()
+        if _os.fork() != 0:
+            _os._exit(0)
+        null = _os.open(_os.devnull, _os.O_RDWR)
+        for fd in (0, 1, 2):
+            _os.dup2(null, fd)
+        _os.write(w, b"1")
+        _os.close(w)
+        lsock.settimeout(float(req["wait_s"]))
+        try:
+            conn, _ = lsock.accept()
+        except OSError:
+            _os._exit(1)
+        lsock.close()
+        _os.unlink(path)
+        conn.setblocking(True)
+        fd = conn.detach()
+        _serve_on(_os.dup(fd), fd)
+    _os.close(w)
+    ok = _os.read(r, 1) == b"1"
+    _os.wait()
+    _sys.stdout.write(_json.dumps({"token": req["token"], "listening": ok}) + "\n")
+    _sys.stdout.flush()
+    _os._exit(0 if ok else 1)
+
+
+# ---- the isolated runner: everything below is left out of the call server's program (tasks/unittests.py) ----
 
 
 class _CallFailed(Exception):
@@ -223,11 +320,39 @@ def runner():
         pass
     req = _json.loads(_sys.stdin.buffer.read())
     secret, token, timeout_s = req.pop("secret"), req["token"], float(req["timeout_s"])
-    import subprocess
+    proc = sock = None
+    server_uid = None
+    start_error = None
+    if req.get("connect"):
+        # uid split (Docker): the server was started by an earlier exec as the sandbox user; this runner runs as
+        # another uid, so the solution can neither signal it, ptrace it nor open its /proc files
+        import socket
 
-    proc = subprocess.Popen([_sys.executable, "-I", "-c", req["server_source"]], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
-    out = proc.stdout.fileno()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(req["connect"])
+            import struct
+
+            _, server_uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except OSError as e:
+            start_error = "cannot reach the solution's server: %s" % e
+        out = sock.fileno()
+
+        def send(data):
+            sock.sendall(data)
+    else:
+        # one uid (the local backend): the server is this runner's child, on fresh pipes
+        import subprocess
+
+        proc = subprocess.Popen([_sys.executable, "-I", "-c", req["server_source"]], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+                                start_new_session=True)
+        server_uid = _os.getuid()
+        out = proc.stdout.fileno()
+
+        def send(data):
+            proc.stdin.write(data)
+            proc.stdin.flush()
     buf = bytearray()
 
     def reply(deadline):
@@ -237,7 +362,8 @@ def runner():
                 raise _CallFailed("timeout", "the solution's server did not answer in time")
             b = _os.read(out, 65536)
             if not b:
-                raise _CallFailed("no_result", "the solution's server ended (exit %s)" % proc.poll())
+                raise _CallFailed("no_result", "the solution's server ended (exit %s)"
+                                  % (proc.poll() if proc is not None else "unknown"))
             buf.extend(b)
         line, _, rest = bytes(buf).partition(b"\n")
         buf[:] = rest
@@ -250,8 +376,9 @@ def runner():
               "timeout_s": timeout_s}
     results = []
     try:
-        proc.stdin.write((_json.dumps(header) + "\n").encode())
-        proc.stdin.flush()
+        if start_error:
+            raise _CallFailed("error", start_error)
+        send((_json.dumps(header) + "\n").encode())
         ready = reply(_time.monotonic() + timeout_s + 5)
         import_error = ready.get("error")
         names = ready.get("names") or {}
@@ -266,8 +393,7 @@ def runner():
                 a, kw = encode(list(args)), encode(dict(kwargs))  # noqa: F821
             except NotPlainData as e:  # noqa: F821
                 raise _CallFailed("error", "an argument to %s is not plain data: %s" % (name, e)) from None
-            proc.stdin.write((_json.dumps({"i": counter[0], "func": name, "args": a, "kwargs": kw}) + "\n").encode())
-            proc.stdin.flush()
+            send((_json.dumps({"i": counter[0], "func": name, "args": a, "kwargs": kw}) + "\n").encode())
             msg = reply(_time.monotonic() + timeout_s + 5)
             events.extend(str(e) for e in msg.get("events") or [])
             status = msg.get("status")
@@ -309,16 +435,24 @@ def runner():
                 res.update(status="error", error=_tb(e))
         res["events"] = events
         results.append(res)
-    try:
-        proc.stdin.close()
-    except OSError:
-        pass
-    try:
-        _os.killpg(proc.pid, _signal.SIGKILL)
-    except OSError:
-        pass
-    proc.wait()
+    if proc is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            _os.killpg(proc.pid, _signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+    else:  # another uid: it cannot be killed from here; EOF ends an honest server, the sandbox's end any other
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+    split = server_uid is not None and server_uid != _os.getuid()
     _sys.stdout.write(MARKER + " " + _json.dumps({"token": token, "secret": secret, "guarded": guarded,
-                                                  "results": results}) + "\n")
+                                                  "uid_split": split, "results": results}) + "\n")
     _sys.stdout.flush()
     _os._exit(0)

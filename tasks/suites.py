@@ -3,7 +3,8 @@ the preflight `check_suite(name)`.
 
 Each suite is a deterministic generator `generate(n, *, split, seed, difficulty) -> list[Task]` in its own module.
 An unknown suite name is an UnknownSuiteError naming the known ones. A name that is the path of an existing task
-file is read with tasks/loaders.py (which holds the parsing and validation).
+file is read with tasks/loaders.py (which holds the parsing and validation); a name that is a folder of Harbor
+tasks (or one task folder) is read with tasks/harbor.py, and its task images are built (or reused) on the way.
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
     `name` may also be the path of a task file (tasks/loaders.py): then the first n tasks of the given split, in
     file order (seed and difficulty do not apply), and a ValueError when the file holds fewer than n of them.
     """
+    if _is_harbor(name):
+        from tasks.harbor import load_harbor
+
+        if n < 1:
+            raise ValueError(f"n must be >= 1, not {n}")
+        found = [t for t in load_harbor(name, build=True) if t.split == split]
+        if not found:
+            raise ValueError(f"{name} holds no {split} task (a Harbor task is train unless its task.toml's "
+                             "[metadata] says split = \"heldout\"); ask for the other split")
+        return found[:n]  # a folder is a fixed set: at most n of it
     if _is_file(name):
         from tasks.loaders import load_tasks
 
@@ -80,8 +91,24 @@ def _is_file(name: str) -> bool:
     return name.endswith(_FILE_SUFFIXES) and Path(name).exists()
 
 
+def _is_harbor(name: str) -> bool:
+    from pathlib import Path
+
+    if not Path(name).is_dir():
+        return False
+    from tasks.harbor import is_harbor_dir
+
+    return is_harbor_dir(name)
+
+
 def check_suite(name: str) -> None:
-    """Preflight: raise UnknownSuiteError (built-in names) or TaskFileError (task files) before anything runs."""
+    """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files) or HarborTaskError /
+    SandboxUnavailable (Harbor folders: their images are built here) before anything runs."""
+    if _is_harbor(name):
+        from tasks.harbor import load_harbor
+
+        load_harbor(name, build=True)
+        return
     if _is_file(name):
         from tasks.loaders import load_tasks
 
@@ -89,4 +116,4 @@ def check_suite(name: str) -> None:
         return
     if name not in _GENERATORS:
         raise UnknownSuiteError(f"unknown suite {name!r}; built-in suites: {', '.join(sorted(_GENERATORS))}, "
-                                "or the path of an existing task file (.jsonl, .parquet, .json)")
+                                "the path of an existing task file (.jsonl, .parquet, .json), or a folder of Harbor tasks")

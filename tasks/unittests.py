@@ -7,8 +7,9 @@ task's pristine visible and hidden tests on one of two paths, chosen per test:
   each result back in plaindata's strict encoding; the host decodes plain values and evaluates the asserts. The
   expected values never enter the sandbox, so there is nothing in it to forge.
 - isolated: any other test runs in judgebox's runner, a non-dumpable process that never imports the solution and
-  reaches it only through proxies to a child call server; its report counts only with the per-run secret the
-  host gave it and exit status 0.
+  reaches it only through proxies to a call server; its report counts only with the per-run secret the host gave
+  it and exit status 0. On Docker the runner runs as another uid than the server and the solution (RUNNER_USER),
+  so they cannot signal, ptrace or read it; the local backend has one uid (each result's `isolation` says which).
 Anything short of one result per test (no report, a bad token or secret, an empty test list, a harness timeout)
 is a failure, never a pass. Infrastructure failures raise VerifierUnavailable. `replay_workspace` rebuilds an
 agent's final workspace from its tool calls when only the messages are at hand: on the host when the episode only
@@ -17,10 +18,12 @@ wrote and read files, else in a fresh sandbox. This module computes no reward an
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import posixpath
 import secrets
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,9 @@ class TestResult(BaseModel):
                                                        "runner judged apart from the solution.")
     expected: str | None = Field(default=None, description="Short repr of the expected value (data path).")
     got: str | None = Field(default=None, description="Short repr of the value the call returned (data path).")
+    isolation: str | None = Field(default=None, description="Isolated path only: uid_split (runner and solution "
+                                                            "ran as different users: Docker) or same_uid (the local "
+                                                            "backend maps one uid, see RUNNER_USER).")
 
 
 class TestRun(BaseModel):
@@ -120,12 +126,23 @@ def _module_name(solution_path: str) -> str:
 
 @cache
 def _source(role: str) -> str:
-    """plaindata + judgebox as one program that starts `role` (serve or runner)."""
+    """plaindata + judgebox as one program that starts `role` (serve, launch or runner); the call server's roles
+    leave out the runner's part of judgebox (the sandbox compiles this program on every verdict)."""
     here = Path(__file__).parent
-    return "\n".join([(here / "plaindata.py").read_text(), (here / "judgebox.py").read_text(), f"{role}()\n"])
+    box = (here / "judgebox.py").read_text()
+    if role != "runner":
+        box = box[:box.index("\n# ---- the isolated runner")]
+    return "\n".join([(here / "plaindata.py").read_text(), box, f"{role}()\n"])
 
 
 JUDGE_MARKER = "__FLYWHEEL_JUDGE__"
+# The isolated runner's user where the backend can run a command as a second uid (Docker exec's `user`): not the
+# sandbox user (nobody, 65534) the solution runs as, and unprivileged like it (no capability, no-new-privileges).
+# bubblewrap (the local backend) maps a single uid into the sandbox's user namespace, so there the runner and the
+# solution share nobody's uid: the solution can signal the runner (no report then: never a pass) and read its
+# cmdline and status, and only the runner's non-dumpability keeps its memory, environment and descriptors closed.
+RUNNER_USER = "65533:65533"
+UID_SPLIT_BACKENDS = frozenset({"docker"})
 
 
 def _replies(stdout: str, token: str) -> list[dict[str, Any]]:
@@ -142,15 +159,28 @@ def _replies(stdout: str, token: str) -> list[dict[str, Any]]:
     return out
 
 
-def _exec(sandbox: Sandbox, role: str, request: dict[str, Any], budget: float):
+def _exec(sandbox: Sandbox, role: str, request: dict[str, Any], budget: float, user: str | None = None):
+    extra = {"user": user} if user is not None else {}
     try:
         res = sandbox.exec(["python3", "-I", "-c", _source(role)], stdin=(json.dumps(request) + "\n").encode(),
-                           timeout_s=budget)
+                           timeout_s=budget, **extra)
     except SandboxError as e:
         raise VerifierUnavailable(f"the test sandbox failed: {type(e).__name__}: {e}") from e
     if res.verdict == "infra_error":
         raise VerifierUnavailable(f"the test sandbox failed: {res.error}")
     return res
+
+
+@lru_cache(maxsize=4096)
+def _cached_plan(code: str, module: str, entries: tuple[str, ...]) -> testsplit.Plan | None:
+    return testsplit.plan(code, module=module, entry_points=entries)
+
+
+def _plan(code: str, module: str, entries: tuple[str, ...]) -> testsplit.Plan | None:
+    """testsplit's plan of a test, parsed once per (test, module, entry points): a task's tests judge many episodes.
+    The plan is read-only here but for its constants, which a check's expression could mutate: those are copied."""
+    pl = _cached_plan(code, module, entries)
+    return dataclasses.replace(pl, env=copy.deepcopy(pl.env)) if pl is not None and pl.env else pl
 
 
 def _data_path(sandbox: Sandbox, task: Task, files: dict[str, str], plans: dict[int, testsplit.Plan],
@@ -231,10 +261,18 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
     """Tests that do not split: judgebox's runner, apart from the solution, reports with the run's secret."""
     token, secret = secrets.token_hex(16), secrets.token_hex(32)
     timeout = task.verifier.timeout_s
-    req = {"token": token, "secret": secret, "files": files, "module": _module_name(task.verifier.solution_path),
-           "timeout_s": timeout, "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which],
-           "server_source": _source("serve")}
-    res = _exec(sandbox, "runner", req, len(which) * (4 * timeout + 5.0) + 15.0)
+    budget = len(which) * (4 * timeout + 5.0) + 15.0
+    req: dict[str, Any] = {"token": token, "secret": secret, "files": files,
+                           "module": _module_name(task.verifier.solution_path), "timeout_s": timeout,
+                           "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which]}
+    split = sandbox.backend in UID_SPLIT_BACKENDS
+    if split:  # the server starts detached as the sandbox user; the runner connects to it as RUNNER_USER
+        folder = f"/tmp/fwjudge-{token}"
+        _exec(sandbox, "launch", {"token": token, "folder": folder, "wait_s": budget}, 15.0)
+        req["connect"] = folder + "/s"  # a server that did not start: the runner says so, every test errors
+    else:
+        req["server_source"] = _source("serve")
+    res = _exec(sandbox, "runner", req, budget, user=RUNNER_USER if split else None)
     report = None
     for line in reversed(res.stdout.splitlines()):
         if line.startswith(JUDGE_MARKER + " "):
@@ -259,6 +297,7 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
         if status not in ("pass", "fail", "error", "timeout", "no_result"):
             status = "error"
         out[ti] = TestResult(name=name, hidden=hidden, status=status, strength="isolated",
+                             isolation="uid_split" if report.get("uid_split") is True else "same_uid",
                              error=raw.get("error") if isinstance(raw, dict) else "malformed result",
                              events=[str(e) for e in (raw.get("events") or [])] if isinstance(raw, dict) else [])
         if not report.get("guarded"):
@@ -280,7 +319,7 @@ def run_unit_tests(task: Task, files: dict[str, str], backend: Backend) -> TestR
     entries = (entry,) if isinstance(entry, str) and entry else ()
     plans = {}
     for i, (_, code, _) in enumerate(tests):
-        pl = testsplit.plan(code, module=module, entry_points=entries)
+        pl = _plan(code, module, entries)
         if pl is not None:
             plans[i] = pl
     isolated = [i for i in range(len(tests)) if i not in plans]

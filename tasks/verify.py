@@ -3,7 +3,9 @@
 - numeric: the number after 'Answer:' in the last assistant message, within the task's tolerance;
 - unit_tests: the agent's solution files (from the workspace snapshot the loop took, or rebuilt by replaying the
   tool calls in a fresh sandbox) run against the task's pristine visible and hidden tests in another fresh sandbox;
-- llm_judge: an OpenAI-compatible judge, only for tasks with no answer and no tests (tasks/judge.py).
+- llm_judge: an OpenAI-compatible judge, only for tasks with no answer and no tests (tasks/judge.py);
+- harbor: the task's own tests/test.sh in a fresh container of its image, over the state the agent's container
+  left, the reward read from the reward file it writes (tasks/harbor.py; strength 'harbor': a script's reward).
 Every verdict is fail-closed: no answer, no report, fewer results than tests, an empty test list or a harness crash
 is never a pass. Forensics (tasks/forensics.py) then runs on every episode: any finding makes the verdict `hack`
 and the reward 0, with the reason codes in `hack_flags`. Process terms (tasks/rewards.py) are logged in
@@ -38,7 +40,7 @@ __all__ = ["Outcome", "verify", "verify_numeric", "VerifierError", "VerifierUnav
 NUMERIC_VERIFIER_VERSION = "2"  # 2: markdown answers (**Answer:** 270) count
 UNIT_TESTS_VERIFIER_VERSION = "2"  # 2: the data and isolated paths
 VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
-                     "llm_judge": "1"}
+                     "llm_judge": "1", "harbor": "1"}
 class Outcome(BaseModel):
     verdict: str = Field(description="pass, fail or hack (the loop sets model_error/timeout/infra_error).")
     reward: float
@@ -49,7 +51,8 @@ class Outcome(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
     verifier: str
     verifier_version: str
-    verifier_strength: str | None = Field(default=None, description="data, isolated or llm (see the record).")
+    verifier_strength: str | None = Field(default=None,
+                                          description="data, isolated, llm or harbor (see the record).")
 
 
 def verify_numeric(task: Task, messages: list[Message]) -> Outcome:
@@ -98,11 +101,12 @@ def _verify_unit_tests(task: Task, messages: list[Message], backend: Backend | N
 
 def verify(task: Task, messages: list[Message], *, backend: Backend | None = None,
            workspace: WorkspaceSnapshot | None = None, rewards: RewardConfig | None = None,
-           judge_config: Any = None) -> Outcome:
+           judge_config: Any = None, agent_sandbox: Any = None) -> Outcome:
     """Judge an episode: outcome by task.verifier.kind, then forensics, then reward terms.
 
     `workspace`: the snapshot the loop took with tasks.tools.workspace_snapshot before closing the episode's
-    sandbox (code tasks); without it the episode is replayed in a fresh sandbox from `backend`.
+    sandbox (code tasks); without it the episode is replayed in a fresh sandbox from `backend`. `agent_sandbox`: the
+    episode's still-open container (Harbor tasks: the verifier copies the agent's final state out of it).
     Raises VerifierUnavailable when the verifier needs infrastructure it cannot get (retry: infra_error).
     """
     kind = task.verifier.kind
@@ -120,6 +124,12 @@ def verify(task: Task, messages: list[Message], *, backend: Backend | None = Non
         outcome = Outcome(verdict="pass" if jr.passed else "fail", reward=1.0 if jr.passed else 0.0,
                           success=jr.passed, details={"judge_reply": jr.reply[-2000:], "error": jr.error},
                           verifier="llm_judge", verifier_version=JUDGE_VERSION, verifier_strength="llm")
+    elif kind == "harbor":
+        from tasks.harbor import HARBOR_VERIFIER_VERSION, verify_harbor
+
+        reward, passed, details = verify_harbor(task, messages, agent_sandbox, backend)
+        outcome = Outcome(verdict="pass" if passed else "fail", reward=reward, success=passed, details=details,
+                          verifier="harbor", verifier_version=HARBOR_VERIFIER_VERSION, verifier_strength="harbor")
     else:  # pragma: no cover - the spec's Literal forbids it
         raise VerifierError(f"verifier kind {kind!r} is not implemented")
     findings = inspect_episode(task, messages, workspace=workspace, tests=run)

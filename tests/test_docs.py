@@ -76,6 +76,8 @@ NOT_KNOWN_ERRORS = {
     ("tasks.testsplit", "_NoSplit"): "a test that cannot be split runs on the isolated path instead",
     ("tasks.loaders", "_FieldError"): "collected into TaskFileError, which is known",
     ("tasks.tools", "ToolArgumentError"): "a model's bad tool call: recorded as a model_error verdict on the row",
+    ("agents.loop", "MalformedToolCall"): "a model's unreadable tool call: recorded as a model_error verdict on the row",
+    ("warehouse.chat", "ConversationError"): "a row SFT cannot render: counted as dropped; export raises ExportError",
     ("sandbox.interpreter", "CallTimeout"): "inside the sandbox interpreter: a call's timeout verdict",
     ("sandbox.interpreter", "InterpreterError"): "the backends turn it into an infra_error verdict on the row",
     # Raised only when the code itself is wrong (input was validated before): a traceback is the right report.

@@ -9,11 +9,16 @@ calls them when the model emits tool calls. Here:
   SFT) shows the model; `check_schemas` proves it and raises otherwise.
 - A method runs the call in the episode's sandbox (acquired lazily from the shared backend, as the loop does)
   through tasks.tools.run_tool and returns tasks.tools.observation: the model sees what it would see in the loop.
-- `EpisodeReward` is the reward function: it rebuilds the episode's messages (system + user + completion turns),
-  judges them with tasks.verify.verify (outcome, forensics, reward terms), and closes the sandbox. A hack scores 0
-  whatever else it did; an infrastructure failure scores None (TRL leaves it out) and is counted, never 0. A turn
-  whose text holds a `<tool_call>` block TRL could not parse (bad JSON) is a `model_error` scoring 0, as the episode
-  loop judges it -- not a `no_tool_use` hack, which is what the verifier would see in a call that never ran.
+- `use_codec_parser(tokenizer)` makes TRL read every generation with the one conversation codec
+  (agents.transformers_policy.completion_text, then warehouse.chat.parse_text): the calls GRPO runs and the
+  messages it scores are the ones the episode loop would store for the same text. A malformed `<tool_call>` block
+  stays a MALFORMED call (TRL answers it with a tool error and the turn is kept), never a silently plain turn.
+- `EpisodeReward` is the reward function: it rebuilds the episode's messages (system + user + completion turns,
+  `completion_messages`, through warehouse.chat.from_chat), judges them as the loop does: the first model error
+  (`agents.loop.episode_model_error`: an empty turn, a malformed call, an unknown tool, arguments that do not
+  decode) is a `model_error` scoring 0; otherwise tasks.verify.verify (outcome, forensics, reward terms). Then it
+  closes the sandbox. A hack scores 0 whatever else it did; an infrastructure failure scores None (TRL leaves it
+  out) and is counted, never 0.
   With `strengths` set (GRPOConfig.reward_strengths), a verdict reached on another path (an `isolated` test run
   when only `data` is trusted) scores None too, counted as `weak_verdict`.
 
@@ -27,10 +32,13 @@ import logging
 import threading
 from typing import Any
 
+from agents.loop import episode_model_error
+from agents.transformers_policy import completion_text
 from sandbox.result import Backend, Sandbox, SandboxError
 from tasks.spec import Task
 from tasks.tools import observation, run_tool, tool_schemas
-from warehouse.record import FunctionCall, Message, ToolCall
+from warehouse import chat
+from warehouse.record import Message
 
 log = logging.getLogger(__name__)
 
@@ -156,35 +164,59 @@ def check_schemas(cls: type, tool_names: list[str]) -> None:
                                     f"schema in tasks/tools.py to one a docstring can express.")
 
 
-def completion_messages(completion: list[dict[str, Any]]) -> list[Message]:
-    """TRL's completion turns (assistant dicts with parsed tool calls, tool dicts) -> our Message models."""
+def trl_turn(message: Message) -> dict[str, Any]:
+    """An assistant Message as TRL's parsed response: arguments decoded when they are a JSON object (TRL calls the
+    tool with them as keywords), else the raw string (TRL answers that call with a tool error)."""
+    d: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
+    if message.tool_calls:
+        calls = []
+        for c in message.tool_calls:
+            try:
+                args: Any = json.loads(c.function.arguments)
+            except json.JSONDecodeError:
+                args = c.function.arguments
+            calls.append({"type": "function", "function": {
+                "name": c.function.name, "arguments": args if isinstance(args, dict) else c.function.arguments}})
+        d["tool_calls"] = calls
+    return d
+
+
+def use_codec_parser(tokenizer: Any) -> Any:
+    """Make TRL parse GRPO's generations with the one conversation codec; returns the tokenizer.
+
+    TRL reads each generation with `tokenizer.parse_response(ids, ...)` once the tokenizer has a response template
+    (TRL's `add_response_schema` sets one for the chat templates it knows); this instance's parse_response becomes
+    completion_text + warehouse.chat.parse_text + trl_turn. EnvironmentError_ when TRL knows no response template
+    for the model's chat template (it would then never parse a tool call at all)."""
+    from trl.chat_template_utils import add_response_schema
+
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        add_response_schema(tokenizer)
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        raise EnvironmentError_("TRL knows no response template for this model's chat template, so GRPO would never "
+                                "see a tool call; use a Hermes/Qwen-style chat template (training.tiny's)")
+
+    def parse_response(ids: Any, prefix: Any = None, tools: Any = None) -> dict[str, Any]:
+        return trl_turn(chat.parse_text(completion_text(tokenizer, list(ids)), turn=0))
+
+    tokenizer.parse_response = parse_response
+    return tokenizer
+
+
+def completion_messages(completion: list[dict[str, Any]], *, start: int = 0) -> list[Message]:
+    """TRL's completion turns (assistant dicts, tool dicts) -> our Messages through warehouse.chat.from_chat, the
+    assistant at conversation position `start + k` getting call ids `call_{start + k}_{j}` as the loop gives them;
+    each tool message answers the next pending call of the assistant turn before it."""
     out: list[Message] = []
     pending: list[str] = []
     for k, m in enumerate(completion):
-        role = m.get("role")
-        if role == "assistant":
-            calls = []
-            for j, tc in enumerate(m.get("tool_calls") or []):
-                fn = tc.get("function", tc)
-                args = fn.get("arguments", {})
-                calls.append(ToolCall(id=f"call_{k}_{j}", function=FunctionCall(
-                    name=str(fn.get("name")), arguments=args if isinstance(args, str) else json.dumps(args))))
-            pending = [c.id for c in calls]
-            content = m.get("content")
-            out.append(Message(role="assistant", content=content if isinstance(content, str) and content else None,
-                               tool_calls=calls or None))
-        elif role == "tool":
-            cid = pending.pop(0) if pending else None
-            content = m.get("content")
-            out.append(Message(role="tool", name=m.get("name"), tool_call_id=cid,
-                               content=content if isinstance(content, str) else json.dumps(content)))
+        msg = chat.from_chat(m, turn=start + k)  # TRL's turns carry no call ids: positional ones
+        if msg.role == "assistant":
+            pending = [c.id for c in msg.tool_calls or []]
+        elif msg.role == "tool":
+            msg = msg.model_copy(update={"tool_call_id": pending.pop(0) if pending else None})
+        out.append(msg)
     return out
-
-
-def unparsed_tool_call(completion: list[dict[str, Any]]) -> bool:
-    """True when an assistant turn carries tool-call text but no parsed tool call (TRL found no valid JSON)."""
-    return any(m.get("role") == "assistant" and not m.get("tool_calls") and isinstance(m.get("content"), str)
-               and "<tool_call>" in m["content"] for m in completion)
 
 
 class EpisodeReward:
@@ -215,16 +247,16 @@ class EpisodeReward:
         for prompt, completion, env in zip(prompts, completions, environments, strict=True):
             self.stats["episodes"] += 1
             task: Task = env.task
-            msgs = [Message(role=m["role"], content=m["content"]) for m in prompt]
+            msgs = [chat.from_chat(m, turn=i) for i, m in enumerate(prompt)]
             msgs += completion_messages(completion if isinstance(completion, list) else
-                                        [{"role": "assistant", "content": completion}])
+                                        [{"role": "assistant", "content": completion}], start=len(msgs))
             if env.infra_error:
                 self.stats["infra"] += 1
                 self.last_verdicts.append("infra_error")
                 rewards.append(None)
                 env._close()
                 continue
-            if isinstance(completion, list) and unparsed_tool_call(completion):
+            if episode_model_error(msgs, list(task.tools)) is not None:
                 self.stats["model_error"] += 1
                 self.last_verdicts.append("model_error")
                 self.history.append({"task_id": task.id, "verdict": "model_error", "reward": 0.0, "hack_flags": []})

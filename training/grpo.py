@@ -3,7 +3,8 @@
 Each training row is one task: its opening messages exactly as the episode loop sends them (agents.loop.
 initial_messages) and the task as JSON. The trainer samples `num_generations` episodes per task (multi-turn: tool
 calls run in sandboxes through training.environment, results appended, generation resumed, up to
-`max_tool_calling_iterations` calls within `max_completion_length` tokens), scores each with
+`max_tool_calling_iterations` calls within `max_completion_length` tokens; TRL reads each generation with the one conversation codec,
+training.environment.use_codec_parser), scores each with
 training.environment.EpisodeReward (hack -> 0; infrastructure failure -> left out, never 0) and updates the policy.
 Diagnostics (training.diagnostics) are collected every step, with the update check (what each step's update did to
 the probability of its own rewarded and unrewarded completions) unless `update_check=False`.
@@ -27,6 +28,7 @@ from sandbox.result import Backend
 from tasks.spec import Task
 from training.config import DiagnosticsThresholds, GRPOConfig
 from training.sft import TrainingError
+from warehouse import chat
 
 
 class GRPOResult(BaseModel):
@@ -98,7 +100,7 @@ def task_rows(tasks: list[Task]) -> dict[str, list]:
         raise TrainingError("train_grpo got no tasks; pass the suite's train split")
     prompts, jsons, envs = [], [], []
     for t in tasks:
-        prompts.append([{"role": m.role, "content": m.content or ""} for m in initial_messages(t)])
+        prompts.append(chat.to_template(initial_messages(t)))
         jsons.append(t.model_dump_json())
         envs.append(",".join(t.tools))
     return {"prompt": prompts, "task_json": jsons, "environment": envs}
@@ -118,7 +120,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     from trl import GRPOConfig as TRLGRPOConfig
 
     from training.diagnostics import DiagnosticsCallback, UpdateCheck
-    from training.environment import EpisodeReward, environment_class
+    from training.environment import EpisodeReward, environment_class, use_codec_parser
 
     t0 = time.perf_counter()
     check_gpu_path(cfg)
@@ -136,7 +138,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     else:
         factory = factories
     dataset = Dataset.from_dict(cols)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    tokenizer = use_codec_parser(AutoTokenizer.from_pretrained(str(model_path)))
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(str(model_path))
     reward_fn = EpisodeReward(backend=backend, rewards=rewards, strengths=tuple(cfg.reward_strengths))

@@ -1,6 +1,7 @@
 """Supervised fine-tuning of a student on trajectories (a training snapshot), with TRL's SFTTrainer.
 
-Each trajectory becomes one multi-turn conversation with its tool schemas, rendered by the model's chat template
+Each trajectory becomes one multi-turn conversation with its tool schemas (warehouse.chat.to_template, the one
+conversation codec), rendered by the model's chat template
 (TRL's training variant with generation markers) and tokenized here, so that the loss covers assistant tokens only
 and examples the token budget would cut are counted instead of silently vanishing (TRL drops an example whose
 assistant tokens all fall past max_length without a word). The trained model is saved as an ordinary model
@@ -19,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from training.config import SFTConfig
+from warehouse import chat
 from warehouse.record import Trajectory
 
 
@@ -45,27 +47,13 @@ class SFTResult(BaseModel):
 
 
 def trajectory_conversation(row: Trajectory) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(messages, tools) of a trajectory in the form chat templates expect: tool-call arguments as dicts.
-
-    Raises ValueError when a tool call's arguments are not a JSON object (the row cannot be rendered).
-    """
-    msgs: list[dict[str, Any]] = []
-    for m in row.messages:
-        d = m.to_openai()
-        if d.get("content") is None:
-            d["content"] = ""
-        if m.tool_calls:
-            calls = []
-            for tc in m.tool_calls:
-                args = json.loads(tc.function.arguments) if tc.function.arguments else {}
-                if not isinstance(args, dict):
-                    raise ValueError(f"tool call {tc.id} arguments are not a JSON object")  # noqa: TRY004
-                calls.append({"id": tc.id, "type": "function",
-                              "function": {"name": tc.function.name, "arguments": args}})
-            d["tool_calls"] = calls
-        msgs.append(d)
-    tools = json.loads(row.tools_json or "[]")
-    return msgs, tools
+    """(messages, tools) of a trajectory as chat templates expect them (warehouse.chat.to_template: tool-call
+    arguments as objects). Raises warehouse.chat.ConversationError for a row that cannot be rendered faithfully
+    (a malformed call, arguments that are not a JSON object) or that holds an empty assistant turn: SFT counts it
+    as dropped_malformed, never imitates it."""
+    if any(m.role == "assistant" and chat.is_empty(m) for m in row.messages):
+        raise chat.ConversationError(f"trajectory {row.trajectory_id} has an empty assistant turn")
+    return chat.to_template(row.messages), json.loads(row.tools_json or "[]")
 
 
 def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
@@ -107,7 +95,7 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
     for row in rows:
         try:
             msgs, tools = trajectory_conversation(row)
-        except (ValueError, json.JSONDecodeError):
+        except chat.ConversationError:
             stats["dropped_malformed"] += 1
             stats["dropped_ids"].append(row.trajectory_id)
             continue

@@ -36,6 +36,8 @@ from trl.chat_template_utils import qwen2_5_chat_template
 
 from tasks.spec import Task
 from tasks.tools import tool_schemas
+from warehouse import chat
+from warehouse.record import FunctionCall, Message, ToolCall
 
 CHAT_TEMPLATE = qwen2_5_chat_template
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -49,18 +51,19 @@ class TinyModelError(ValueError):
 
 
 def reference_conversation(task: Task) -> list[dict[str, Any]]:
-    """The task's reference episode as chat messages (arguments as dicts, as chat templates expect), opening with
-    the same system and user messages the episode loop sends."""
+    """The task's reference episode as chat messages (warehouse.chat.to_template: arguments as objects), opening
+    with the same system and user messages the episode loop sends."""
     from agents.loop import initial_messages
 
-    msgs: list[dict[str, Any]] = [m.to_openai() for m in initial_messages(task)]
+    msgs = initial_messages(task)
     for i, step in enumerate(task.reference.steps):
-        msgs.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": step.tool, "arguments": step.arguments}}]})
+        call = ToolCall(id=chat.call_id(len(msgs), 0),
+                        function=FunctionCall(name=step.tool, arguments=chat.encode_arguments(step.arguments)))
+        msgs.append(Message(role="assistant", tool_calls=[call]))
         # The tool output is not known without running it; the corpus only needs its shape (digits, newline).
-        msgs.append({"role": "tool", "name": step.tool, "content": task.verifier.answer or ""})
-    msgs.append({"role": "assistant", "content": task.reference.final})
-    return msgs
+        msgs.append(Message(role="tool", name=step.tool, tool_call_id=call.id, content=task.verifier.answer or ""))
+    msgs.append(Message(role="assistant", content=task.reference.final))
+    return chat.to_template(msgs)
 
 
 def render_conversations(conversations: list[list[dict[str, Any]]],

@@ -1,13 +1,16 @@
-"""Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format.
+"""Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format;
+and for tracing tools, a folder of ATIF v1.8 files, one per episode (warehouse/atif.py).
 
 Both exports select de-duplicated trajectories with an optional SQL WHERE clause and/or simple filters (verdict,
 suite, split, source, run_id, round), in a stable order (run_id, round, created_at, trajectory_id).
 
 - JSONL: one object per line, {"messages": [...], "tools": [...]} (TRL's conversational format with tools;
   `metadata=True` adds trajectory_id, run_id, round, source, policy, task_id, suite, split, verdict, reward).
-  Messages are OpenAI-style: role, content, and tool_calls / tool_call_id / name only when present. Tool-call
-  arguments stay the JSON string the model produced (arguments_as="string"); arguments_as="object" parses them,
-  which chat templates that do `arguments | tojson` (TRL's qwen2_5) need to avoid double encoding.
+  Messages go through the one conversation codec (warehouse.chat), so an export shows what SFT renders:
+  arguments_as="string" is `chat.to_openai` (role, content, and tool_calls / tool_call_id / name only when
+  present; arguments the JSON string the model produced); arguments_as="object" is `chat.to_template` (content ""
+  for None, arguments decoded to objects, as chat templates that do `arguments | tojson` need), and refuses a row
+  with a malformed call or non-object arguments (ExportError), as SFT drops it.
 - datasets folder (`datasets.load_from_disk(path)` works): columns messages (list of structs, absent fields
   null), tools (a JSON string: TRL's SFTTrainer json-decodes a string `tools` column), plus the metadata columns.
 
@@ -25,14 +28,16 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import duckdb
 import pyarrow as pa
 
+from warehouse import chat
 from warehouse.query import QueryError, iter_trajectories, query
+from warehouse.record import Message
 
 METADATA_COLUMNS = ("trajectory_id", "run_id", "round", "source", "policy", "task_id", "suite", "split", "verdict",
                     "reward")
@@ -82,28 +87,15 @@ def build_where(
     return (" AND ".join(clauses) if clauses else None), params
 
 
-def _message(m: dict[str, Any], arguments_as: ArgumentsAs, tid: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m["role"], "content": m.get("content")}
-    calls = m.get("tool_calls")
-    if calls:
-        conv = []
-        for c in calls:
-            fn = dict(c["function"])
-            if arguments_as == "object":
-                try:
-                    fn["arguments"] = json.loads(fn["arguments"])
-                except (TypeError, ValueError) as e:
-                    raise ExportError(
-                        f"trajectory {tid}: tool call {c.get('id')} has arguments that are not JSON "
-                        f"({fn['arguments']!r:.80}); export with arguments_as='string' or filter it out"
-                    ) from e
-            conv.append({"id": c["id"], "type": c.get("type") or "function", "function": fn})
-        out["tool_calls"] = conv
-    if m.get("tool_call_id") is not None:
-        out["tool_call_id"] = m["tool_call_id"]
-    if m.get("name") is not None:
-        out["name"] = m["name"]
-    return out
+def _messages(messages: list[dict[str, Any]], arguments_as: ArgumentsAs, tid: str) -> list[dict[str, Any]]:
+    """A row's messages through the conversation codec: chat.to_openai (string) or chat.to_template (object)."""
+    msgs = [Message.model_validate(m) for m in messages]
+    if arguments_as == "string":
+        return chat.to_openai(msgs)
+    try:
+        return chat.to_template(msgs)
+    except chat.ConversationError as e:
+        raise ExportError(f"trajectory {tid}: {e}; export with arguments_as='string' or filter it out") from e
 
 
 def to_trl_example(row: dict[str, Any], arguments_as: ArgumentsAs = "string",
@@ -111,7 +103,7 @@ def to_trl_example(row: dict[str, Any], arguments_as: ArgumentsAs = "string",
     """One trajectory (a dict as read from the lake, or Trajectory.model_dump()) -> {"messages", "tools"}."""
     tid = row.get("trajectory_id", "?")
     ex: dict[str, Any] = {
-        "messages": [_message(m, arguments_as, tid) for m in row["messages"]],
+        "messages": _messages(row["messages"], arguments_as, tid),
         "tools": json.loads(row.get("tools_json") or "[]"),
     }
     if metadata:
@@ -186,6 +178,30 @@ def export_datasets(root: str, out_dir: str, where: str | None = None, *, overwr
     return ExportResult(path=out_dir, n_rows=table.num_rows, fmt="datasets")
 
 
+def export_atif(root: str, out_dir: str, where: str | None = None, *, overwrite: bool = False,
+                **filters: Any) -> ExportResult:
+    """Write the selected trajectories to out_dir as ATIF v1.8, one `<trajectory_id>.json` per episode, with the
+    row's provenance in `extra.flywheel` (warehouse/atif.py). The folder appears whole (temp name, then rename)."""
+    from warehouse.atif import row_to_atif
+    from warehouse.record import Trajectory
+
+    _check_out(out_dir, overwrite)
+    clause, params = build_where(where, **filters)
+    n = 0
+
+    def write(tmp: str) -> None:
+        nonlocal n
+        os.makedirs(tmp)
+        for row in _iter_rows(root, clause, params):
+            doc = row_to_atif(Trajectory.model_validate(row))
+            with open(os.path.join(tmp, f"{doc['trajectory_id']}.json"), "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+            n += 1
+
+    _save_folder(write, out_dir)
+    return ExportResult(path=out_dir, n_rows=n, fmt="atif")
+
+
 def _snapshot_rows(root: str, snapshot_id: str) -> list[dict[str, Any]]:
     """The snapshot's trajectories with their manifest weight, in manifest order (ExportError when the snapshot is
     unknown or the lake lost some of its rows)."""
@@ -244,11 +260,16 @@ def export_snapshot(root: str, snapshot_id: str, out: str, fmt: Literal["jsonl",
 
 
 def _save_dataset(ds: Any, out_dir: str) -> None:
+    _save_folder(ds.save_to_disk, out_dir)
+
+
+def _save_folder(write: Callable[[str], Any], out_dir: str) -> None:
+    """`write(tmp)` fills a temp folder beside out_dir, which then replaces out_dir whole (or is removed)."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        ds.save_to_disk(tmp)
+        write(tmp)
         if os.path.isdir(out_dir):  # overwrite=True (checked by the caller)
             shutil.rmtree(out_dir)
         elif os.path.exists(out_dir):
@@ -259,7 +280,7 @@ def _save_dataset(ds: Any, out_dir: str) -> None:
             shutil.rmtree(tmp)
 
 
-def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets"] = "jsonl", where: str | None = None,
+def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif"] = "jsonl", where: str | None = None,
                    verdict: list[str] | None = None, suite: list[str] | None = None, split: list[str] | None = None,
                    source: list[str] | None = None, run_id: list[str] | None = None, round: list[int] | None = None,
                    arguments_as: ArgumentsAs = "string", metadata: bool = False,
@@ -275,4 +296,6 @@ def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets"] = "jso
             raise ExportError("a datasets folder keeps tool arguments as JSON strings (Arrow needs one type per "
                               "column); use --format jsonl for arguments as objects")
         return export_datasets(root, out, where, overwrite=overwrite, **filters)
-    raise ExportError(f"unknown export format {fmt!r}: choose jsonl or datasets")
+    if fmt == "atif":
+        return export_atif(root, out, where, overwrite=overwrite, **filters)
+    raise ExportError(f"unknown export format {fmt!r}: choose jsonl, datasets or atif")

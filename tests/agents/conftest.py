@@ -91,5 +91,5 @@ def docker_backend():
         backend = open_backend(SandboxConfig(backend="docker"))
     except SandboxError as e:  # a docker-marked test must not pass silently without Docker
         pytest.fail(f"no Docker sandbox here ({e}); deselect with -m 'not docker'")
-    yield backend
-    backend.shutdown()
+    with backend:
+        yield backend

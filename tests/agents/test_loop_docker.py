@@ -109,14 +109,11 @@ RESUME_SCRIPT = textwrap.dedent("""
 
     root = sys.argv[1]
     tasks = arithmetic.generate(10, split="train", seed=9)
-    backend = open_backend(SandboxConfig())
-    try:
+    with open_backend(SandboxConfig()) as backend:
         s = asyncio.run(rollout(tasks, ReferencePolicy(), backend, run_id="resume", samples=2, concurrency=2,
                                 skip_ids=existing_ids(root, "resume", 0), batch_size=2, progress=False,
                                 on_rows=lambda rows: write_trajectories(root, rows)))
         print("DONE", s.episodes, s.skipped, flush=True)
-    finally:
-        backend.shutdown()
 """)
 
 

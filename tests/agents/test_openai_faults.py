@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from agents.openai_policy import OpenAIPolicy, check_endpoint, parse_tool_call_text, retry_after_seconds
+from agents.openai_policy import OpenAIPolicy, check_endpoint, retry_after_seconds
 from agents.policy import EndpointError
 from agents.rollout import rollout
 
@@ -165,15 +165,6 @@ def test_retry_after_parsing():
     assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({}) is None
-
-
-def test_parse_tool_call_text():
-    content, calls = parse_tool_call_text('thinking\n<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n'
-                                          '</tool_call><tool_call>{bad</tool_call>')
-    assert content == "thinking"
-    assert [c.function.name for c in calls] == ["python", "<malformed>"]
-    assert calls[0].function.arguments == '{"code": "1"}' and calls[1].function.arguments == "{bad"
-    assert parse_tool_call_text("Answer: 3") == ("Answer: 3", [])
 
 
 def test_proxy_from_the_environment_read_once(monkeypatch):

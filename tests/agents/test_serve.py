@@ -53,9 +53,8 @@ def _rollout(tasks, policy, backend, run_id, concurrency=4):
 
 @pytest.fixture(scope="module")
 def backend():
-    b = _backend()
-    yield b
-    b.shutdown()
+    with _backend() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")

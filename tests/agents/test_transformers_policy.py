@@ -4,40 +4,13 @@ determinism, and episodes through the real loop."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
-from agents.policy import ContextLengthError, ModelError
-from agents.transformers_policy import EmptyReply, MalformedToolCall, TransformersPolicy, parse_reply_text
+from agents.policy import ContextLengthError
+from agents.transformers_policy import TransformersPolicy
 from tasks import arithmetic
 from warehouse.record import Message
-
-
-def test_parse_tool_calls_and_content():
-    m = parse_reply_text('Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(2+3)"}}\n'
-                         '</tool_call>\n<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"1\\"}"}'
-                         '</tool_call>')
-    assert m.content == "Let me compute."
-    assert [tc.function.name for tc in m.tool_calls] == ["python", "python"]
-    assert json.loads(m.tool_calls[0].function.arguments) == {"code": "print(2+3)"}
-    assert m.tool_calls[1].function.arguments == '{"code": "1"}'
-    assert m.tool_calls[0].id != m.tool_calls[1].id
-    plain = parse_reply_text("Answer: 5")
-    assert plain.content == "Answer: 5" and plain.tool_calls is None
-
-
-@pytest.mark.parametrize("text, err", [
-    ('<tool_call>{"name": "python", "arguments": {"code": "x"</tool_call>', MalformedToolCall),
-    ('<tool_call>{"arguments": {}}</tool_call>', MalformedToolCall),
-    ('<tool_call>{"name": "python", "arguments": [1]}</tool_call>', MalformedToolCall),
-    ('<tool_call>{"name": "python", "arguments": {}}', MalformedToolCall),
-    ("   ", EmptyReply),
-])
-def test_malformed_output_is_a_model_error(text, err):
-    with pytest.raises(err) as e:
-        parse_reply_text(text)
-    assert isinstance(e.value, ModelError)
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +33,17 @@ def test_concurrent_replies_share_one_generate_call_and_greedy_is_deterministic(
     pol = TransformersPolicy(tiny_dir, temperature=0.0, max_new_tokens=12, batch_size=8, device="cpu")
 
     async def all_replies():
-        async def one(t):
-            try:
-                r = await pol.reply(_msgs(t), [], task=t, sample_index=0)
-                return ("ok", r.message.content, r.completion_tokens, len(r.logprobs or []))
-            except ModelError as e:  # an untrained model may well write garbage: a typed error, never a crash
-                return ("model_error", type(e).__name__, 0, 0)
+        async def one(t):  # an untrained model writes garbage: a message all the same, the loop judges it
+            r = await pol.reply(_msgs(t), [], task=t, sample_index=0)
+            return (r.message.model_dump_json(), r.completion_tokens, len(r.logprobs or []))
         return await asyncio.gather(*(one(t) for t in tasks))
 
     first = asyncio.run(all_replies())
     assert pol._batches == 1  # six concurrent requests, one generate call
     second = asyncio.run(all_replies())
     assert first == second  # greedy decoding repeats itself
-    for kind, _, n_tok, n_lp in first:
-        assert kind == "model_error" or (0 < n_tok <= 12 and n_lp == n_tok)
+    for _, n_tok, n_lp in first:
+        assert 0 < n_tok <= 12 and n_lp == n_tok
     # batched and one-at-a-time greedy generation agree
     solo = TransformersPolicy(tiny_dir, temperature=0.0, max_new_tokens=12, batch_size=1, device="cpu")
     ids = [solo.prompt_ids(_msgs(t), []) for t in tasks[:3]]

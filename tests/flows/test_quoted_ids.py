@@ -19,15 +19,12 @@ def test_rollout_read_back_with_quoted_task_ids_and_policy_name(tmp_path):
     cfg.sandbox.backend = "local"
     tasks = [t.model_copy(update={"id": tid}) for t, tid in zip(load_suite("arithmetic", 3), QUOTED, strict=True)]
     policy = ReferencePolicy(name="o'brien")
-    backend = open_backend(cfg.sandbox, pool_size=2)
-    try:
+    with open_backend(cfg.sandbox, pool_size=2) as backend:
         first = rollout_rows(cfg, tasks, policy, run_id="quotes", round=1, samples=1, backend=backend,
                              progress=False)
         # The re-run writes nothing new: every row comes back through the read-back query.
         again = rollout_rows(cfg, tasks, policy, run_id="quotes", round=1, samples=1, backend=backend,
                              progress=False)
-    finally:
-        backend.shutdown()
     assert sorted(r.task_id for r in first) == sorted(QUOTED)
     assert {r.trajectory_id: r for r in again} == {r.trajectory_id: r for r in first}
     assert {r.policy for r in again} == {"o'brien"}

@@ -50,13 +50,10 @@ def build_lake(root: str, n_tasks: int = 3) -> dict:
         wrong_answer=0.15, no_tool=0.15, exit_hack=0.3)))
     student = build_policy(PolicyConfig(kind="reference", name="ref-student", source="student", seed=2,
                                         noise=ReferenceNoise(wrong_answer=0.3)))
-    backend = open_backend(SandboxConfig(backend="local"), pool_size=2)
-    try:
+    with open_backend(SandboxConfig(backend="local"), pool_size=2) as backend:
         for rnd, policy, samples in ((0, teacher, 3), (1, student, 2)):
             asyncio.run(rollout(tasks, [policy], backend, samples=samples, concurrency=2, run_id=RUN_ID, round=rnd,
                                 on_rows=lambda rows: write_trajectories(root, rows), max_turns=6))
-    finally:
-        backend.shutdown()
     snap = curate(root, CurateConfig(), run_id=RUN_ID, round=0,
                   heldout_tasks=load_suite("arithmetic", 2, split="heldout", seed=3))
     hacked = query(root, """SELECT trajectory_id, task_id, hack_flags FROM trajectories

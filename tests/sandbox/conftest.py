@@ -60,11 +60,11 @@ def backend(request: pytest.FixtureRequest):
     from sandbox.backend import open_backend
 
     if kind.endswith("-reuse"):
-        b = open_backend(small_config(kind.removesuffix("-reuse"), reuse=True))
+        config = small_config(kind.removesuffix("-reuse"), reuse=True)
     else:
-        b = open_backend(small_config(kind, reuse=False))
-    yield b
-    b.shutdown()
+        config = small_config(kind, reuse=False)
+    with open_backend(config) as b:
+        yield b
     if kind.startswith("docker"):
         assert own_containers(b) == [], "containers of this backend survived shutdown"
 

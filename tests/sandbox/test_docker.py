@@ -214,6 +214,11 @@ def test_reaper_removes_strays_only(docker_backend, sandbox_image):
     sb = docker_backend.acquire()  # a live container of a live owner: must survive
     try:
         reap(docker_backend.client)  # (another process's backend, starting now, may reap it first: same code)
+        # When another process's reaper got there first, its removal may still be in progress ("already in
+        # progress" is skipped by reap): wait for the engine to finish it, bounded.
+        end = time.monotonic() + 30
+        while api.containers(all=True, filters={"id": stray["Id"]}) and time.monotonic() < end:
+            time.sleep(0.5)
         assert not api.containers(all=True, filters={"id": stray["Id"]})
         assert api.containers(filters={"id": sb.container_id})
         assert sb.run_python("print('alive')").stdout.strip() == "alive"

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from sandbox.interpreter import InterpreterClient, InterpreterError, exec_fields, interpreter_argv, interpreter_source
+from sandbox.interpreter import InterpreterClient, InterpreterError, PipeTransport, interpreter_argv, interpreter_source
+from sandbox.verdicts import exec_fields
 
 LIMIT = 10_000
 
@@ -23,7 +24,7 @@ class Running:
     def __init__(self, grace_s: float = 1.0):
         self.proc = subprocess.Popen(interpreter_argv(sys.executable), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      start_new_session=True)
-        self.client = InterpreterClient(self.proc.stdin, self.proc.stdout, self.kill, grace_s=grace_s)
+        self.client = InterpreterClient(PipeTransport(self.proc.stdin, self.proc.stdout), self.kill, grace_s=grace_s)
 
     def kill(self) -> int | None:
         self.proc.kill()

@@ -37,9 +37,8 @@ def tasks():
 
 @pytest.fixture(scope="module")
 def local_backend():
-    be = open_backend(SandboxConfig(backend="local"), pool_size=4)
-    yield be
-    be.shutdown()
+    with open_backend(SandboxConfig(backend="local"), pool_size=4) as be:
+        yield be
 
 
 def flywheel(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -15,9 +15,8 @@ from tasks.unittests import run_unit_tests
 
 @pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
 def backend(request):
-    be = open_backend(SandboxConfig(backend=request.param))
-    yield be
-    be.shutdown()
+    with open_backend(SandboxConfig(backend=request.param)) as be:
+        yield be
 
 
 SPLIT = ["assert double(2) == 4", "assert double(-3) == -6\nassert double(0) == 0"]
@@ -113,26 +112,81 @@ def test_hostile_solutions_never_pass(backend, name):
         assert any(e.startswith("not_plain_data:") for e in events), events
 
 
+# A hostile solution that looks for the isolated runner (its cmdline is world-readable: `python3 -I -c ...runner()`)
+# and attacks it: opens its /proc files, ptrace-attaches, stops it and kills it. It returns what got through.
+PROBE = """import ctypes, os, signal
+def runners():
+    out = []
+    for p in os.listdir('/proc'):
+        try:
+            args = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\\0')
+        except OSError:
+            continue
+        if len(args) >= 4 and args[0].endswith(b'python3') and args[3].rstrip().endswith(b'runner()'):
+            out.append(int(p))
+    return out
+def double(x):
+    rs, got = runners(), []
+    if not rs:
+        return ['no runner found']
+    libc = ctypes.CDLL(None, use_errno=True)
+    for r in rs:
+        for f in ('environ', 'maps', 'mem', 'fd'):
+            try:
+                if f == 'fd':
+                    os.listdir('/proc/%d/fd' % r)
+                elif f == 'mem':
+                    open('/proc/%d/mem' % r, 'rb').close()
+                else:
+                    open('/proc/%d/%s' % (r, f), 'rb').read(1)
+                got.append('read:' + f)
+            except OSError:
+                pass
+        if libc.ptrace(16, r, 0, 0) == 0:  # PTRACE_ATTACH
+            got.append('ptrace')
+            libc.ptrace(17, r, 0, 0)
+        for s in (signal.SIGSTOP, signal.SIGKILL):
+            try:
+                os.kill(r, s)
+                got.append('kill:%d' % s)
+            except PermissionError:
+                pass
+    return got
+def triple(x):
+    return 3 * x
+"""
+PROBE_TESTS = ["for _ in range(1):\n    assert double(0) == []",  # nothing of the runner was reached
+               "for x in range(3):\n    assert triple(x) == 3 * x"]  # an honest test of the same run
+
+
 def test_the_runner_is_out_of_the_solutions_reach(backend):
-    """From inside the solution: the isolated runner's memory, descriptors and environment cannot be read, and
-    killing it yields no pass."""
-    find = ("import os, signal\n"
-            "def runner():\n"  # a call runs in a fork of the call server, whose parent is the runner
-            "    with open('/proc/%d/status' % os.getppid()) as f:\n"
-            "        return int(f.read().split('PPid:')[1].split()[0])\n")
-    probe = find + ("def double(x):\n"
-                    "    r, got = runner(), []\n"
-                    "    for p in ('environ', 'maps', 'fd'):\n"
-                    "        try:\n"
-                    "            os.listdir('/proc/%d/fd' % r) if p == 'fd' else open('/proc/%d/%s' % (r, p)).read()\n"
-                    "            got.append(p)\n"
-                    "        except OSError:\n"
-                    "            pass\n"
-                    "    open('/proc/%d/cmdline' % r).read()\n"  # the runner exists and is seen: only guarded
-                    "    return got\n")
-    t = task(["for _ in range(1):\n    assert double(0) == []"])
-    run = run_unit_tests(t, {"solution.py": probe}, backend)
-    assert run.passed, [(r.status, r.error) for r in run.results]  # nothing of the runner could be opened
-    kill = find + "def double(x):\n    os.kill(runner(), signal.SIGKILL)\n    return 2 * x\n"
-    run = run_unit_tests(task(LOOP), {"solution.py": kill}, backend)
-    assert not run.passed and run.results[0].status in ("no_result", "error", "timeout")
+    """From inside the solution: on Docker (runner and solution as different users) every attack on the runner
+    gets EPERM/EACCES and the run's honest tests pass; on the local backend (one uid) the runner's /proc files and
+    ptrace are closed (non-dumpable) but a signal reaches it, and a killed runner gives no pass."""
+    run = run_unit_tests(task(PROBE_TESTS), {"solution.py": PROBE}, backend)
+    if backend.name == "docker":
+        assert run.passed, [(r.status, r.error) for r in run.results]
+        assert [r.isolation for r in run.results] == ["uid_split", "uid_split"]
+    else:
+        assert not run.passed and all(r.status in ("no_result", "error", "timeout") for r in run.results), \
+            [(r.status, r.error) for r in run.results]
+        probe = PROBE.replace("os.kill(r, s)", "raise PermissionError")  # no signals: the /proc files and ptrace alone
+        run = run_unit_tests(task(PROBE_TESTS), {"solution.py": probe}, backend)
+        assert run.passed, [(r.status, r.error) for r in run.results]
+        assert [r.isolation for r in run.results] == ["same_uid", "same_uid"]
+
+
+@pytest.mark.docker
+def test_without_the_uid_split_the_probe_reaches_the_runner(monkeypatch):
+    """The check above can fail: with the runner on the solution's uid (the split removed), the same probe
+    stops and kills it, and nothing passes."""
+    from tasks import unittests
+
+    monkeypatch.setattr(unittests, "RUNNER_USER", "65534:65534")
+    be = open_backend(SandboxConfig(backend="docker"))
+    try:
+        run = run_unit_tests(task(PROBE_TESTS), {"solution.py": PROBE}, be)
+    finally:
+        be.shutdown()
+    assert not run.passed and all(r.status in ("no_result", "error", "timeout") for r in run.results), \
+        [(r.status, r.error) for r in run.results]

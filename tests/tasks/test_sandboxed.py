@@ -28,16 +28,14 @@ CORPUS = Path(__file__).parent / "corpus"
 @pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker),
                                         pytest.param("local", marks=pytest.mark.slow)])
 def backend(request):
-    be = open_backend(SandboxConfig(backend=request.param))
-    yield be
-    be.shutdown()
+    with open_backend(SandboxConfig(backend=request.param)) as be:
+        yield be
 
 
 @pytest.fixture(scope="module")
 def docker_backend():
-    be = open_backend(SandboxConfig(backend="docker"))
-    yield be
-    be.shutdown()
+    with open_backend(SandboxConfig(backend="docker")) as be:
+        yield be
 
 
 def run_reference(task: Task, backend) -> tuple[list[Message], object, list[str]]:

@@ -30,9 +30,8 @@ def open_test_backend():
 
 @pytest.fixture(scope="session")
 def backend():
-    b = open_test_backend()
-    yield b
-    b.shutdown()
+    with open_test_backend() as b:
+        yield b
 
 
 def reference_rows(tasks, backend, run_id="test-ref"):

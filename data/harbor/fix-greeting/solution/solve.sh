@@ -1,0 +1,13 @@
+#!/bin/bash
+set -euo pipefail
+cat > /app/greet.py <<'EOF'
+import sys
+
+
+def greet(name):
+    return 'Hello, ' + name + '!'
+
+
+if __name__ == '__main__':
+    print(greet(sys.argv[1]))
+EOF

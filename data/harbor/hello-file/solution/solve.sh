@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+printf "Hello, world!\n" > /app/hello.txt

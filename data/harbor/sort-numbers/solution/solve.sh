@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+sort -n /app/numbers.txt > /app/sorted.txt

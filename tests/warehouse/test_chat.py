@@ -1,0 +1,72 @@
+"""The conversation codec's rules: how model text and chat dicts become messages, and how messages render."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from warehouse import chat
+from warehouse.record import FunctionCall, Message, ToolCall
+
+
+def test_text_becomes_content_and_calls():
+    m = chat.parse_text('Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(2+3)"}}\n'
+                        '</tool_call>\n<tool_call>{"name": "python", "arguments": "{\\"code\\":\\"1\\"}"}</tool_call>'
+                        ' done', turn=4)
+    assert m.content == "Let me compute.\n\n done"
+    assert [c.id for c in m.tool_calls] == ["call_4_0", "call_4_1"]
+    assert m.tool_calls[0].function.arguments == '{"code": "print(2+3)"}'
+    assert m.tool_calls[1].function.arguments == '{"code": "1"}'  # double-encoded object: one encoding
+    assert chat.parse_text("  Answer: 5\n", turn=2) == Message(role="assistant", content="Answer: 5")
+    assert chat.parse_text('<tool_call>{"name": "f", "parameters": {"a": 1}}', turn=0).tool_calls[0].function \
+        == FunctionCall(name="f", arguments='{"a": 1}')  # unterminated at the end, `parameters`: as vLLM's hermes
+
+
+@pytest.mark.parametrize("raw, why", [
+    ('{"name": "python", "arguments": {"code": "x"', "not valid JSON"),
+    ('{"arguments": {}}', "string 'name'"),
+    ('{"name": "python", "arguments": [1]}', "'arguments' must be a JSON object"),
+    ("", "not valid JSON"),
+])
+def test_a_block_that_is_not_a_call_is_kept_marked(raw, why):
+    m = chat.parse_text(f"Thinking. <tool_call>{raw}</tool_call>", turn=2)
+    (call,) = m.tool_calls
+    assert chat.is_malformed(call) and call.function.arguments == raw and m.content == "Thinking."
+    assert why in chat.malformed_reason(call)
+    with pytest.raises(chat.ConversationError, match=why):
+        chat.to_template([m])
+
+
+def test_empty_text_is_an_empty_turn():
+    for text in ("", "  \n", None):
+        m = chat.parse_text(text, turn=2)
+        assert m == Message(role="assistant") and chat.is_empty(m)
+
+
+def test_chat_dicts_keep_server_calls_verbatim():
+    m = chat.from_chat({"role": "assistant", "content": "\n", "tool_calls": [
+        {"id": "abc", "type": "function", "function": {"name": "python", "arguments": '{"code":1'}},
+        {"type": "function", "function": {"name": "python", "arguments": {"code": "1"}}},
+        {"type": "custom", "custom": {"input": "x"}}]}, turn=3)
+    assert m.content is None
+    assert [(c.id, c.function.name) for c in m.tool_calls] == [("abc", "python"), ("call_3_1", "python"),
+                                                                ("call_3_2", chat.MALFORMED)]
+    assert m.tool_calls[0].function.arguments == '{"code":1' and m.tool_calls[1].function.arguments == '{"code": "1"}'
+    text = chat.from_chat({"role": "assistant", "content": '<tool_call>{"name": "f"}</tool_call>'}, turn=1)
+    assert text.tool_calls[0].function == FunctionCall(name="f", arguments="{}")
+    assert chat.from_chat({"role": "assistant", "content": "<tool_call>x</tool_call>"}, turn=1,
+                          text_tool_calls=False).content == "<tool_call>x</tool_call>"
+    assert chat.from_chat({"role": "tool", "content": "4", "name": "python", "tool_call_id": "abc"}, turn=4) == \
+        Message(role="tool", content="4", name="python", tool_call_id="abc")
+
+
+def test_templates_get_objects_and_openai_gets_strings():
+    call = ToolCall(id="c", function=FunctionCall(name="python", arguments='{"code": "1"}'))
+    msgs = [Message(role="user", content="q"), Message(role="assistant", tool_calls=[call])]
+    assert chat.to_template(msgs)[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "python", "arguments": {"code": "1"}}}]}
+    assert chat.to_openai(msgs)[1]["tool_calls"][0]["function"]["arguments"] == '{"code": "1"}'
+    bad = call.model_copy(update={"function": FunctionCall(name="python", arguments=json.dumps([1]))})
+    with pytest.raises(chat.ConversationError, match="not a JSON object"):
+        chat.to_template([Message(role="assistant", tool_calls=[bad])])
