@@ -131,15 +131,17 @@ for _ in range(3):
 
 # Reuse: the keeper, one per container, started with `docker exec -i` (the only exec of the container's life, while
 # resets succeed). It forks each episode's interpreter from a pristine copy of sandbox/interpreter.py it loaded at
-# start (a fork instead of a `docker exec` and a Python start-up) and relays the exec's stdin and stdout to it, so
-# the host talks to the interpreter exactly as to one started by its own exec. Lines on stdin starting with
-# {"keeper" are requests to the keeper itself, answered on stdout (after a newline) with the request's nonce, which
-# user code never sees: "reset" kills and reaps the interpreter and drops its pipes (the host then kills every
-# other process), "spawn" forks the next interpreter (its ready line follows the answer). The keeper never runs
-# user code, imports nothing after start, ignores signals and is not dumpable (no ptrace, no /proc memory or fds
-# for the sandbox user); the sandbox user can still kill or stop it, and the host then starts a new keeper with an
-# exec, or removes the container when the reset does not answer. When its interpreter dies during an episode the
-# keeper exits with the interpreter's status, so the host sees the end of the stream as before.
+# start (a fork instead of a `docker exec` and a Python start-up). The interpreter writes to the exec's stdout
+# itself (so a cell that kills the keeper, `os.kill(-1, SIGKILL)`, still answers, as on a fresh container); the
+# keeper relays the exec's stdin to it, so the host talks to the interpreter exactly as to one started by its own
+# exec. Lines on stdin starting with {"keeper" are requests to the keeper itself, answered on stdout (after a
+# newline, while no interpreter runs) with the request's nonce, which user code never sees: "reset" kills and reaps
+# the interpreter (the host then kills every other process), "spawn" forks the next interpreter (its ready line
+# follows the answer). The keeper never runs user code, imports nothing after start, ignores signals and is not
+# dumpable (no ptrace, no /proc memory or fds for the sandbox user); the sandbox user can still kill or stop it,
+# and the host then starts a new keeper with an exec, or removes the container when the reset does not answer.
+# When its interpreter dies during an episode the keeper exits with the interpreter's status (seen through a
+# pidfd), so the host sees the end of the stream as before.
 KEEPER_SOURCE = r"""
 import ctypes, json, os, select, signal, sys, traceback
 libc = ctypes.CDLL(None)
@@ -152,13 +154,13 @@ ns = {"__name__": "flywheel_interpreter", "__builtins__": __builtins__}
 exec(compile(sys.argv[1], "<interpreter>", "exec"), ns)
 workdir, adj = sys.argv[2], sys.argv[3]
 sys.argv = ["-c"]
-child, to_child, from_child = 0, -1, -1
-inbuf, outbuf, childbuf = bytearray(), bytearray(), bytearray()
+child, to_child, child_fd = 0, -1, -1
+inbuf, childbuf = bytearray(), bytearray()
 
-def interpreter(r, w):
+def interpreter(r):
     code = 1
     try:
-        os.dup2(r, 0); os.dup2(w, 1)
+        os.dup2(r, 0)
         os.closerange(3, 1 << 16)
         for s in range(1, signal.NSIG):
             try: signal.signal(s, signal.SIG_DFL)
@@ -181,56 +183,52 @@ def interpreter(r, w):
             except Exception: pass
         os._exit(code)
 
+def say(obj, lead=b"\n"):
+    data = lead + json.dumps(obj).encode() + b"\n"
+    while data:
+        data = data[os.write(1, data):]
+
 def spawn():
-    global child, to_child, from_child
-    r1, w1 = os.pipe(); r2, w2 = os.pipe()
+    global child, to_child, child_fd
+    r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        interpreter(r1, w2)
-    os.close(r1); os.close(w2)
-    os.set_blocking(w1, False); os.set_blocking(r2, False)
-    child, to_child, from_child = pid, w1, r2
+        interpreter(r)
+    os.close(r)
+    os.set_blocking(w, False)
+    child, to_child, child_fd = pid, w, os.pidfd_open(pid)
 
 def drop():
-    global child, to_child, from_child
+    global child, to_child, child_fd
     if child:
         try: os.kill(child, signal.SIGKILL)
         except OSError: pass
         try: os.waitpid(child, 0)
         except ChildProcessError: pass
-    for fd in (to_child, from_child):
+    for fd in (to_child, child_fd):
         if fd >= 0: os.close(fd)
-    child, to_child, from_child = 0, -1, -1
+    child, to_child, child_fd = 0, -1, -1
     childbuf.clear()
 
 def control(line):
     req = json.loads(line)
+    reply = {"keeper": req["nonce"]}
     if req["keeper"] == "reset":
         drop()
-        outbuf.clear()
-        reply = {}
+        say(reply)
     elif req["keeper"] == "spawn":
         drop()
+        say(reply)  # before the interpreter exists: its lines follow on the same stdout
         spawn()
-        reply = {"pid": child}
     else:
-        reply = {"error": "unknown request"}
-    outbuf.extend(b"\n" + json.dumps({**reply, "keeper": req["nonce"]}).encode() + b"\n")
+        say({**reply, "error": "unknown request"})
 
-def flush_all():
-    os.set_blocking(1, True)
-    while outbuf:
-        del outbuf[:os.write(1, outbuf)]
-
-os.set_blocking(0, False); os.set_blocking(1, False)
-outbuf.extend(json.dumps({"keeper": "hello", "pid": os.getpid()}).encode() + b"\n")
-poller = select.poll()
+os.set_blocking(0, False)
+say({"keeper": "hello", "pid": os.getpid()}, b"")
 while True:
     want = {0: select.POLLIN} if len(childbuf) < (1 << 24) else {}
-    if from_child >= 0 and len(outbuf) < (1 << 24):
-        want[from_child] = select.POLLIN
-    if outbuf:
-        want[1] = want.get(1, 0) | select.POLLOUT
+    if child_fd >= 0:
+        want[child_fd] = select.POLLIN
     if childbuf and to_child >= 0:
         want[to_child] = select.POLLOUT
     poller = select.poll()
@@ -250,23 +248,13 @@ while True:
                     control(line)
                 elif to_child >= 0:
                     childbuf.extend(line)
-        elif fd == from_child:
-            try: data = os.read(from_child, 1 << 20)
-            except BlockingIOError: continue
-            if data:
-                outbuf.extend(data)
-                continue
+        elif fd == child_fd:
             _, status = os.waitpid(child, 0)
-            flush_all()
             os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
         elif fd == to_child:
             try: del childbuf[:os.write(to_child, childbuf)]
             except BlockingIOError: pass
             except BrokenPipeError: childbuf.clear()
-        elif fd == 1:
-            try: del outbuf[:os.write(1, outbuf)]
-            except BlockingIOError: pass
-            except BrokenPipeError: os._exit(0)
 """
 KEEPER_OOM_ADJ = 200  # the OOM killer takes commands (500), then the interpreter (300), then the keeper
 
@@ -800,7 +788,8 @@ class DockerSandbox:
     # -- Sandbox protocol ------------------------------------------------------------------------------------
     def exec(self, argv: list[str], *, timeout_s: float | None = None, stdin: bytes | None = None,
              user: str | None = None) -> ExecResult:
-        """Run argv (no shell) in the sandbox as user nobody in /workspace, with the call's limits.
+        """Run argv (no shell) in the sandbox as the backend's exec user in its workdir (nobody in /workspace; a
+        task environment's own, sandbox/taskenv.py), with the call's limits.
 
         `user` (Docker only, "UID:GID", both non-zero) runs it as another unprivileged user instead: the judge's
         isolated runner (tasks/unittests.py) uses it so the solution, as nobody, cannot reach it. The container's
@@ -811,10 +800,10 @@ class DockerSandbox:
         if user is not None and not re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user):
             raise ValueError(f"exec user must be 'UID:GID', both non-zero, got {user!r}")
         with self._lock:
-            return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin, user or SANDBOX_USER)
+            return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin, user)
 
     def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None,
-              user: str = SANDBOX_USER) -> ExecResult:
+              user: str | None = None) -> ExecResult:
         t0 = time.perf_counter()
         if self.closed:
             return self._infra("exec", SandboxError("sandbox already closed"), t0)

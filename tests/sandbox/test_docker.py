@@ -159,10 +159,11 @@ def test_engine_unreachable_is_unavailable_with_fix(monkeypatch, host):
 
 def test_engine_lost_mid_episode_is_infra_error(sandbox_image, host):
     """Fault injection: after acquire, the backend's client is swapped for one on a dead socket (a test double).
-    pool_size=0, so no interpreter was started ahead: both calls need the engine."""
+    pool_size=0 and no reuse (whose acquire starts the keeper's interpreter ahead), so no interpreter was started
+    ahead: both calls need the engine."""
     import docker
 
-    b = DockerBackend(host.small_config("docker"), pool_size=0)
+    b = DockerBackend(host.small_config("docker", reuse=False), pool_size=0)
     sb = b.acquire()
     real = b.client
     dead_client_double = docker.DockerClient(base_url="unix:///nonexistent", version="1.41")
