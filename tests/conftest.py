@@ -29,6 +29,20 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("FLYWHEEL_CACHE_DIR", str(tmp_path_factory.mktemp("fw-cache")))
 
 
+def stop_group(proc: subprocess.Popen, term_wait_s: float = 20, kill_wait_s: float = 10) -> None:
+    """Stop a process started with start_new_session=True and its group: SIGTERM, then SIGKILL if it lingers."""
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import stop_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.docker]
 
@@ -53,16 +54,7 @@ def serving(config: Path, cwd: Path, api_url: str):
         try:
             yield proc, log_path
         finally:
-            for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            stop_group(proc)
 
 
 def wait_for_deployment(client, name: str, proc, log_path: Path, timeout_s: float = 120):

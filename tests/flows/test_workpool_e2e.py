@@ -1,10 +1,10 @@
 """A `process` work pool end to end, as the README's scale-out steps have a user do it, through a real Prefect
 server (the session's, conftest.prefect_api, loopback) and the real console scripts:
 `prefect work-pool create NAME --type process`, `flywheel deploy --work-pool NAME --config FILE --flow generate`
-(which exits), `prefect worker start --pool NAME --type process` in the background from another working
-directory, `prefect deployment run generate/NAME --param n_tasks=3`: the worker picks the run up and runs it in
-a subprocess of its own, the run completes, and `flywheel sql` finds its rows in the deployed lake with the
-deployed config's other values. Bad input to `flywheel deploy` (no server, an unknown pool) is one `error:` line
+(which sets the concurrency limits to the config and exits), `prefect worker start --pool NAME --type process`
+in the background from another working directory, `prefect deployment run generate/NAME --param n_tasks=3`: the
+worker picks the run up and runs it in a subprocess of its own, the run completes, and `flywheel sql` finds its
+rows in the deployed lake with the deployed config's other values. Bad input to `flywheel deploy` (no server, an unknown pool) is one `error:` line
 and exit 2. The worker runs in its own process group with a marker in its environment; at the end (pass or fail)
 the group is stopped and the test checks that no process carrying the marker is left.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FLYWHEEL
+from tests.conftest import FLYWHEEL, stop_group
 from tests.flows.test_kill import processes_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -42,7 +42,8 @@ def write_config(path: Path, lake: Path) -> Path:
     path.write_text(f'[run]\nout = "{lake}"\nmax_workers = 2\n\n'
                     '[generate]\nn_tasks = 2\nsamples = 1\nconcurrency = 2\nbatch_size = 2\n\n'
                     '[teacher]\nkind = "reference"\nseed = 3\n\n[sandbox]\nbackend = "local"\n\n'
-                    f'[serve]\nname = "{NAME}"\nflows = ["generate"]\n')
+                    f'[serve]\nname = "{NAME}"\nflows = ["generate"]\n\n'
+                    '[limits]\nsandbox_slots = 9\n')  # above every test's concurrency: harmless to the session
     return path
 
 
@@ -62,16 +63,7 @@ def worker(env: dict, cwd: Path):
         try:
             yield proc, log_path
         finally:
-            for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            stop_group(proc)
 
 
 def wait_for_final_state(client, flow_run_id: str, proc, log_path: Path, timeout_s: float = 240):
@@ -116,11 +108,13 @@ def test_a_process_worker_picks_up_a_deployment_run_and_writes_rows(prefect_api,
     p = cli(FLYWHEEL, "deploy", "--work-pool", POOL, "--config", str(config), "--flow", "generate", env=env)
     assert p.returncode == 0, p.stderr
     assert f"registered generate/{NAME} on work pool {POOL} (process)" in p.stdout
+    assert "concurrency limits: flywheel-gpu=1, flywheel-sandbox=9" in p.stdout  # set to the config, as serve does
     t_deployed = time.perf_counter() - t0
     try:
         with worker(env, elsewhere) as (proc, log_path), get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(DEPLOYMENT)
             assert dep.work_pool_name == POOL
+            assert client.read_global_concurrency_limit_by_name("flywheel-sandbox").limit == 9
             done = cli(PREFECT, "deployment", "run", DEPLOYMENT, "--param", "n_tasks=3",
                        "--param", 'overrides=["run.run_id=pool-run-1"]', env=env)
             assert done.returncode == 0, done.stdout + done.stderr

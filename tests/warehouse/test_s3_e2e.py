@@ -38,10 +38,9 @@ MOTO = str(Path(sys.executable).with_name("moto_server"))
 def s3(tmp_path_factory):
     """moto_server on 127.0.0.1:PORT with one fresh bucket; this process's environment points s3fs at it (and
     so does every child's). Yields {"bucket", "env", "fs", "log"}; the server's process group is killed after."""
-    pytest.importorskip("s3fs", reason="s3fs is in the dev extra: pip install -e '.[dev]'")
     port = free_port()
     log_path = tmp_path_factory.mktemp("moto") / "moto.log"
-    log = open(log_path, "w")
+    log = open(log_path, "w")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen([MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
@@ -180,7 +179,7 @@ def test_a_write_that_fails_part_way_publishes_nothing(s3, monkeypatch):
     Parquet-looking head. Before the fix, closing the output stream sent that head as the object."""
     import pyarrow as pa
 
-    import warehouse.lakefs as lakefs
+    from warehouse import lakefs
 
     lake = lakefs.Lake(f"s3://{s3['bucket']}/torn")
     path = lake.join("trajectories", "run=r", "round=0", "part-x.parquet")
