@@ -4,9 +4,10 @@ server (the session's, conftest.prefect_api, loopback) and the real console scri
 (which sets the concurrency limits to the config and exits), `prefect worker start --pool NAME --type process`
 in the background from another working directory, `prefect deployment run generate/NAME --param n_tasks=3`: the
 worker picks the run up and runs it in a subprocess of its own, the run completes, and `flywheel sql` finds its
-rows in the deployed lake with the deployed config's other values. Bad input to `flywheel deploy` (no server, an unknown pool) is one `error:` line
-and exit 2. The worker runs in its own process group with a marker in its environment; at the end (pass or fail)
-the group is stopped and the test checks that no process carrying the marker is left.
+rows in the deployed lake with the deployed config's other values. Bad input to `flywheel deploy` (no server, an
+unknown pool) is one `error:` line and exit 2. The worker runs in its own process group with a marker in its
+environment; at the end (pass or fail) the group is stopped and the test checks that no process carrying the
+marker is left.
 
 Sandboxes are the local (bubblewrap) backend and the teacher is the offline reference policy, to stay well
 under two minutes on CI's two cores.
