@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,18 @@ def stop_group(proc: subprocess.Popen, term_wait_s: float = 20, kill_wait_s: flo
             break
         except subprocess.TimeoutExpired:
             continue
+
+
+@contextmanager
+def in_background(argv: list[str], log_path: Path, **popen):
+    """argv in its own process group, stdout and stderr to log_path (a file: no pipe to fill or hold open);
+    yields the process, and stops its group afterwards, however the block ends."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+        try:
+            yield proc
+        finally:
+            stop_group(proc)
 
 
 def free_port() -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FLYWHEEL, stop_group
+from tests.conftest import FLYWHEEL, in_background
 from tests.flows.test_kill import processes_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -58,13 +58,9 @@ def worker(env: dict, cwd: Path):
     """`prefect worker start --pool POOL --type process` in its own process group; yields (process, log path).
     Stopped by its group at the end, SIGTERM then SIGKILL."""
     log_path = cwd / "worker.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1"],
-                                cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield proc, log_path
-        finally:
-            stop_group(proc)
+    argv = [PREFECT, "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1"]
+    with in_background(argv, log_path, cwd=cwd, env=env) as proc:
+        yield proc, log_path
 
 
 def wait_for_final_state(client, flow_run_id: str, proc, log_path: Path, timeout_s: float = 240):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FLYWHEEL, free_port
+from tests.conftest import FLYWHEEL, free_port, in_background
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -37,16 +37,13 @@ MOTO = str(Path(sys.executable).with_name("moto_server"))
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """moto_server on 127.0.0.1:PORT with one fresh bucket; this process's environment points s3fs at it (and
-    so does every child's). Yields {"bucket", "env", "fs", "log"}; the server's process group is killed after."""
+    so does every child's). Yields {"bucket", "env", "fs", "log"}; the server's process group is stopped after."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("moto") / "moto.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen([MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
-    try:
+    with in_background([MOTO, "-H", "127.0.0.1", "-p", str(port)], log_path) as proc:
         deadline = time.time() + 60
         while True:
             try:
@@ -57,24 +54,19 @@ def s3(tmp_path_factory):
                     raise RuntimeError(f"moto_server did not start: {log_path.read_text()[-2000:]}") from None
                 time.sleep(0.3)
         os.environ.update(env)
-        import s3fs
-
-        fs = s3fs.S3FileSystem(skip_instance_cache=True)
-        bucket = f"lake-{uuid.uuid4().hex[:10]}"
-        fs.mkdir(bucket)
-        yield {"bucket": bucket, "env": env, "fs": fs, "log": log_path}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-        log.close()
+            import s3fs
+
+            fs = s3fs.S3FileSystem(skip_instance_cache=True)
+            bucket = f"lake-{uuid.uuid4().hex[:10]}"
+            fs.mkdir(bucket)
+            yield {"bucket": bucket, "env": env, "fs": fs, "log": log_path}
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def flywheel(s3, api: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
