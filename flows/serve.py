@@ -12,8 +12,8 @@ chooses its task runner (threads or Ray) from its parameters at run time (flows/
 from the UI can ask for Ray (overrides=["run.ray_address=auto"]).
 
 This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a
-work-pool deployment see docs/operating.md). Its `[serve]` section (ServeConfig, ScheduleConfig) lives in
-flows/config.py with the rest of the config.
+work-pool deployment see README's "A process work pool, step by step"). Its `[serve]` section (ServeConfig,
+ScheduleConfig) lives in flows/config.py with the rest of the config.
 """
 
 from __future__ import annotations
@@ -267,25 +267,31 @@ def serve(cfg: FlywheelConfig, *, flows: list[str] | None = None, serve_cfg: Ser
     """
     from prefect import serve as prefect_serve
 
-    from flows.concurrency import LimitsConfig, default_limits, ensure_limits
-
     serve_cfg = serve_cfg or getattr(cfg, "serve", None) or ServeConfig()
-    limits = limits or getattr(cfg, "limits", None) or LimitsConfig()
     url = require_server()
     deployments = build_deployments(cfg, serve_cfg, flows, skip_missing=skip_missing)
-    if limits.enabled:
-        in_force = ensure_limits(default_limits(limits), update=True)
-        print(f"concurrency limits: {', '.join(f'{k}={v}' for k, v in in_force.items())}", flush=True)
+    apply_limits(cfg, limits)
     print(f"serving {', '.join(f'{d.flow_name}/{d.name}' for d in deployments)} on {url} "
           f"(pid {os.getpid()}, {serve_cfg.limit} run(s) at once)", flush=True)
     prefect_serve(*deployments, limit=serve_cfg.limit, pause_on_shutdown=True, print_starting_message=False)
+
+
+def apply_limits(cfg: FlywheelConfig, limits: Any | None = None) -> None:
+    """Create the GPU and sandbox global concurrency limits on the server and set them to the config (`limits`,
+    else cfg.limits, else the defaults), unless the config switches limits off; prints what is in force."""
+    from flows.concurrency import LimitsConfig, default_limits, ensure_limits
+
+    limits = limits or getattr(cfg, "limits", None) or LimitsConfig()
+    if limits.enabled:
+        in_force = ensure_limits(default_limits(limits), update=True)
+        print(f"concurrency limits: {', '.join(f'{k}={v}' for k, v in in_force.items())}", flush=True)
 
 
 def deploy(cfg: FlywheelConfig, *, work_pool: str, flows: list[str] | None = None,
            serve_cfg: ServeConfig | None = None, skip_missing: bool = False) -> list[str]:
     """Register the deployments on a work pool instead of serving them: runs are then executed by the pool's
     workers (`prefect worker start --pool NAME`, one per machine, each with this project installed), not by this
-    process. Same schedules, parameters and forms as `serve`. Returns the deployment ids.
+    process. Same schedules, parameters, forms and concurrency limits as `serve`. Returns the deployment ids.
 
     The pool must exist (`prefect work-pool create NAME --type process`); the entrypoints are module paths, so a
     worker only needs the `flywheel` package importable, not this checkout.
@@ -305,6 +311,7 @@ def deploy(cfg: FlywheelConfig, *, work_pool: str, flows: list[str] | None = Non
     for dep in build_deployments(cfg, serve_cfg, flows, skip_missing=skip_missing):
         ids.append(str(dep.apply(work_pool_name=work_pool)))
         print(f"registered {dep.flow_name}/{dep.name} on work pool {work_pool} ({pool.type})", flush=True)
+    apply_limits(cfg)
     return ids
 
 

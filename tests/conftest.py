@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,32 @@ FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep the lake's footer cache of each test out of the user's home."""
     monkeypatch.setenv("FLYWHEEL_CACHE_DIR", str(tmp_path_factory.mktemp("fw-cache")))
+
+
+def stop_group(proc: subprocess.Popen, term_wait_s: float = 20, kill_wait_s: float = 10) -> None:
+    """Stop a process started with start_new_session=True and its group: SIGTERM, then SIGKILL if it lingers."""
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def in_background(argv: list[str], log_path: Path, **popen):
+    """argv in its own process group, stdout and stderr to log_path (a file: no pipe to fill or hold open);
+    yields the process, and stops its group afterwards, however the block ends."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+        try:
+            yield proc
+        finally:
+            stop_group(proc)
 
 
 def free_port() -> int:
