@@ -12,8 +12,8 @@
   replayed in a fresh sandbox each time); flake_rate is the share of re-grades whose pass/fail differs from the
   oracle episode's own verdict.
 An infra failure of one task is that row's `error` (and it is unhealthy), never a crash of the audit.
-`healthy(row, thresholds)` says whether a row passes the thresholds and, if not, why.
-This module does not write the lake (flows/cli.py does, table verifier_health) and prints nothing.
+This module does not write the lake (flows/cli.py does, table verifier_health), does not judge health against
+thresholds (curate/health.py does) and prints nothing.
 """
 
 from __future__ import annotations
@@ -52,17 +52,6 @@ class NullPolicy:
         return PolicyReply(message=Message(role="assistant", content="I did nothing."), finish_reason="stop")
 
 
-class HealthThresholds(BaseModel):
-    """When a task's verifier counts as healthy (curation and GRPO skip the others)."""
-
-    min_mutant_kill_rate: float = Field(default=0.5, ge=0, le=1,
-                                        description="Least share of the oracle's mutants the verifier must fail "
-                                                    "(tasks without mutants are not held to it).")
-    max_flake_rate: float = Field(default=0.0, ge=0, le=1,
-                                  description="Most share of re-grades of the oracle's final state that may "
-                                              "disagree with its verdict.")
-
-
 class HealthRow(BaseModel):
     """One row of the lake's verifier_health table."""
 
@@ -80,21 +69,6 @@ class HealthRow(BaseModel):
     flake_rate: float
     wall_s: float
     error: str | None = Field(default=None, description="Why the audit of this task could not finish, if so.")
-
-
-def healthy(row: HealthRow, th: HealthThresholds) -> tuple[bool, str]:
-    """(healthy, why not) of one audited task."""
-    if row.error:
-        return False, f"audit error: {row.error}"
-    if not row.oracle_pass:
-        return False, "oracle fails"
-    if row.null_pass:
-        return False, "null agent passes"
-    if row.mutant_kill_rate is not None and row.mutant_kill_rate < th.min_mutant_kill_rate:
-        return False, f"mutant kill rate {row.mutant_kill_rate:.2f} < {th.min_mutant_kill_rate:.2f}"
-    if row.flake_rate > th.max_flake_rate:
-        return False, f"flake rate {row.flake_rate:.2f} > {th.max_flake_rate:.2f}"
-    return True, ""
 
 
 def oracle_mutants(task: Task) -> list[str]:

@@ -195,8 +195,8 @@ def curate(
 
 
 def _print_curation(root: str, snapshot_id: str) -> None:
-    """The snapshot's counts by source, verdict and outcome, each contamination's rule and held-out task, and every
-    invalid demo, from its datasets row."""
+    """The snapshot's counts by source, verdict and outcome, each contamination's rule and held-out task, every
+    invalid demo and every task skipped for an unhealthy verifier, from its datasets row."""
     from warehouse.query import connect
 
     con = connect(root)
@@ -213,6 +213,10 @@ def _print_curation(root: str, snapshot_id: str) -> None:
         print(f"contaminated {tid}: rule {rule} against held-out task {held}")
     for err in counts.get("invalid_demos", []):
         print(f"invalid demo: {err}")
+    for tid, why in sorted(counts.get("skipped_tasks", {}).items()):
+        print(f"skipped task {tid}: verifier unhealthy ({why}); see flywheel tasks audit")
+    if counts.get("unaudited_tasks"):
+        print(f"{counts['unaudited_tasks']} task(s) have no verifier audit (flywheel tasks audit SUITE)")
 
 
 @train_app.command("sft")
@@ -513,7 +517,9 @@ def tasks_audit(
     from rich.console import Console
     from rich.table import Table
 
-    from agents.audit import HealthThresholds, audit_tasks, healthy
+    from agents.audit import audit_tasks
+    from curate.config import VerifierHealthConfig
+    from curate.health import unhealthy_reason
     from sandbox.backend import open_backend
     from sandbox.result import SandboxConfig
     from tasks.cli import tasks_show as _load
@@ -534,21 +540,21 @@ def tasks_audit(
             from tasks.harbor import shutdown
 
             shutdown()
-    th = HealthThresholds()
+    th = VerifierHealthConfig()
+    why = {r.task_id: unhealthy_reason(r.model_dump(), th) for r in rows}
     t = Table(title=f"verifier health of {len(rows)} task(s) from {source}")
     for col in ("task", "verifier", "oracle", "null", "mutants killed", "kill rate", "flake rate", "wall s",
                 "healthy"):
         t.add_column(col)
     for r in rows:
-        ok, why = healthy(r, th)
         t.add_row(r.task_id, f"{r.verifier} v{r.verifier_version}", "pass" if r.oracle_pass else "FAIL",
                   "PASS" if r.null_pass else "fail", f"{r.mutants_killed}/{r.n_mutants}",
                   "-" if r.mutant_kill_rate is None else f"{r.mutant_kill_rate:.2f}", f"{r.flake_rate:.2f}",
-                  f"{r.wall_s:.1f}", "yes" if ok else f"no: {why}")
+                  f"{r.wall_s:.1f}", "yes" if why[r.task_id] is None else f"no: {why[r.task_id]}")
     Console(width=180).print(t)
     n_mut = sum(r.n_mutants for r in rows)
     killed = sum(r.mutants_killed for r in rows)
-    bad = [r.task_id for r in rows if not healthy(r, th)[0]]
+    bad = [tid for tid, w in why.items() if w is not None]
     print(f"oracle passes {sum(r.oracle_pass for r in rows)}/{len(rows)}; null agent passes "
           f"{sum(r.null_pass for r in rows)}/{len(rows)}; mutant kill rate "
           + (f"{killed}/{n_mut} = {killed / n_mut:.3f}" if n_mut else "- (no mutants)")
