@@ -183,6 +183,9 @@ class CurriculumConfig(BaseModel):
     """How the next round's tasks are chosen from the pass@k history."""
 
     model_config = ConfigDict(extra="forbid")
+    verifier_health: VerifierHealthConfig = Field(
+        default_factory=VerifierHealthConfig,
+        description="GRPO leaves out tasks whose latest verifier audit is unhealthy by these thresholds.")
     k: int = Field(default=4, ge=1, description="k of the pass@k reported per task and round.")
     teacher_below: float = Field(
         default=0.5, ge=0.0, le=1.0,

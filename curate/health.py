@@ -3,7 +3,8 @@
 `unhealthy_reason(row, cfg)`: why one verifier_health row (a dict: a lake row or agents.audit.HealthRow dumped)
 fails curate.config.VerifierHealthConfig, or None when it is healthy. `task_health(con, task_ids, cfg)`: for the
 given task ids, the reason per task of its latest audit rows (matched on task id, task version and verifier
-version) from the lake's verifier_health view. This module does not audit (agents/audit.py does) or drop rows.
+version) from the lake's verifier_health view; `latest_by_task(root, task_ids, cfg)`: the same from each task's
+latest audit whatever its versions (GRPO's task list knows ids only). This module does not audit (agents/audit.py does) or drop rows.
 """
 
 from __future__ import annotations
@@ -47,3 +48,20 @@ def task_health(con: Any, keys: Iterable[tuple[str, str, str]],
                   "verifier_version)").to_arrow_table()
     return {(r["task_id"], r["task_version"], r["verifier_version"]): unhealthy_reason(r, cfg)
             for r in tbl.to_pylist()}
+
+
+def latest_by_task(root: str, task_ids: Iterable[str], cfg: VerifierHealthConfig) -> dict[str, str | None]:
+    """task id -> reason its latest audit is unhealthy (None: healthy); tasks never audited are absent."""
+    from warehouse.query import connect
+
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    con = connect(root)
+    try:
+        tbl = con.sql("SELECT * FROM verifier_health WHERE list_contains(?::VARCHAR[], task_id) QUALIFY "
+                      "row_number() OVER (PARTITION BY task_id ORDER BY created_at DESC) = 1",
+                      params=[ids]).to_arrow_table()
+    finally:
+        con.close()
+    return {r["task_id"]: unhealthy_reason(r, cfg) for r in tbl.to_pylist()}

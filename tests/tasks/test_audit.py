@@ -3,7 +3,8 @@
 Through the console script: 10 HumanEval problems (every oracle passes, the null agent never does, the mutant kill
 rate is printed and every row is in the lake's verifier_health table, read by `flywheel sql`); a task file with a
 planted broken verifier (a hidden test that asserts nothing) is named unhealthy; bad input exits 2 with one line.
-Curation skips the rows of unhealthy tasks, counted under their outcome and named with the reason. The shipped
+Curation skips the rows of unhealthy tasks, counted under their outcome and named with the reason; GRPO's task
+list leaves them out, named in grpo_dropped. The shipped
 Harbor suite is audited in Docker (marker docker).
 """
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from curate.config import CurateConfig, VerifierHealthConfig
+from curate.config import CurateConfig, CurriculumConfig, VerifierHealthConfig
+from curate.curriculum import plan_curriculum
 from curate.health import UNHEALTHY_VERIFIER, unhealthy_reason
 from curate.stage import SELECTED, curate
 from tasks import arithmetic
@@ -121,6 +123,20 @@ def test_curation_skips_rows_of_unhealthy_tasks_counted_and_named(tmp_path):
     assert res.n_selected == 1 and tasks[3].id in res.skipped_tasks
     off = CurateConfig(verifier_health=VerifierHealthConfig(enabled=False))
     assert curate(root, off, run_id="run1", round=0, heldout_tasks=[]).n_selected == 4
+
+
+def test_grpo_leaves_out_tasks_whose_verifier_is_unhealthy(tmp_path):
+    root = str(tmp_path / "lake")
+    tasks = arithmetic.generate(3, split="train", seed=4, difficulty=1)
+    write_trajectories(root, [row(t, source="student", policy="student", sample=i, verdict=v)
+                              for t in tasks for i, v in enumerate(("pass", "fail"))])
+    write_rows(root, "verifier_health", [_health(tasks[0]), _health(tasks[1], oracle_pass=False)])
+    plan = plan_curriculum(root, CurriculumConfig(), run_id="run1", task_ids=[t.id for t in tasks])
+    assert plan.grpo_tasks == [tasks[0].id, tasks[2].id]
+    assert plan.grpo_dropped == {tasks[1].id: "unhealthy_verifier: oracle fails"}
+    strict = CurriculumConfig(verifier_health=VerifierHealthConfig(require_audit=True))
+    plan = plan_curriculum(root, strict, run_id="run1", task_ids=[t.id for t in tasks])
+    assert plan.grpo_tasks == [tasks[0].id] and tasks[2].id in plan.grpo_dropped
 
 
 @pytest.mark.docker
