@@ -4,7 +4,7 @@ Through the console script: 10 HumanEval problems (every oracle passes, the null
 rate is printed and every row is in the lake's verifier_health table, read by `flywheel sql`); a task file with a
 planted broken verifier (a hidden test that asserts nothing) is named unhealthy; bad input exits 2 with one line.
 Curation skips the rows of unhealthy tasks, counted under their outcome and named with the reason; GRPO's task
-list leaves them out, named in grpo_dropped. The shipped
+list leaves them out, named in grpo_dropped; the run's report has a verifier-health table. The shipped
 Harbor suite is audited in Docker (marker docker).
 """
 
@@ -25,6 +25,7 @@ from tasks import arithmetic
 from tests.conftest import FLYWHEEL, ROOT
 from tests.curate.test_curate import row
 from warehouse.lake import write_rows, write_trajectories
+from warehouse.report import build_report
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -123,6 +124,9 @@ def test_curation_skips_rows_of_unhealthy_tasks_counted_and_named(tmp_path):
     assert res.n_selected == 1 and tasks[3].id in res.skipped_tasks
     off = CurateConfig(verifier_health=VerifierHealthConfig(enabled=False))
     assert curate(root, off, run_id="run1", round=0, heldout_tasks=[]).n_selected == 4
+    report = build_report(root, "run1")
+    assert "## Verifier health (flywheel tasks audit)" in report.markdown
+    assert "| arithmetic | 3 | 3 | 1 | 0 | 0 |" in report.markdown, report.markdown
 
 
 def test_grpo_leaves_out_tasks_whose_verifier_is_unhealthy(tmp_path):
