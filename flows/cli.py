@@ -504,7 +504,8 @@ def tasks_import(
 def tasks_audit(
     source: Annotated[str, typer.Argument(help="Suite name, humaneval, a Harbor folder or a task file.")],
     root: Root = "runs/default",
-    n: Annotated[int, typer.Option(help="How many tasks (the first N).")] = 1000,
+    n: Annotated[Optional[int], typer.Option(help="How many tasks (the first N; default: all of a file, folder or "
+                                                  "humaneval, 50 of a built-in suite).")] = None,
     k: Annotated[int, typer.Option(help="Re-grades of the oracle's final state (flakiness).")] = 3,
     workers: Annotated[int, typer.Option(help="Tasks audited at once.")] = 4,
     backend: Annotated[str, typer.Option(help="Sandbox backend: docker, local or auto.")] = "auto",
@@ -525,10 +526,11 @@ def tasks_audit(
     from tasks.cli import tasks_show as _load
     from warehouse.lake import write_rows
 
-    if n < 1 or k < 0 or workers < 1:
+    if (n is not None and n < 1) or k < 0 or workers < 1:
         raise UsageError(f"--n and --workers must be at least 1 and --k at least 0 (got n={n}, k={k}, "
                          f"workers={workers})")
-    tasks = _load(source, n=n)
+    builtin = not Path(source).exists() and source != "humaneval"
+    tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize))
     if not tasks:
         raise UsageError(f"{source} holds no tasks; pass a suite name, humaneval, a Harbor folder or a task file")
     be = open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(2 * workers, 8)))
