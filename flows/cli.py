@@ -18,7 +18,8 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="flywheel: teacher rollouts in sandboxes -> verified trajectories -> SFT -> GRPO -> repeat.")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes; build the sandbox image.")
-tasks_app = typer.Typer(no_args_is_help=True, help="Built-in suites and task files: list, show, validate, export.")
+tasks_app = typer.Typer(no_args_is_help=True,
+                        help="Built-in suites and task files: list, show, validate, export, import, audit.")
 demos_app = typer.Typer(no_args_is_help=True, help="Human demonstrations: import into the lake.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(tasks_app, name="tasks")
@@ -194,8 +195,8 @@ def curate(
 
 
 def _print_curation(root: str, snapshot_id: str) -> None:
-    """The snapshot's counts by source, verdict and outcome, each contamination's rule and held-out task, and every
-    invalid demo, from its datasets row."""
+    """The snapshot's counts by source, verdict and outcome, each contamination's rule and held-out task, every
+    invalid demo and every task skipped for an unhealthy verifier, from its datasets row."""
     from warehouse.query import connect
 
     con = connect(root)
@@ -212,6 +213,10 @@ def _print_curation(root: str, snapshot_id: str) -> None:
         print(f"contaminated {tid}: rule {rule} against held-out task {held}")
     for err in counts.get("invalid_demos", []):
         print(f"invalid demo: {err}")
+    for tid, why in sorted(counts.get("skipped_tasks", {}).items()):
+        print(f"skipped task {tid}: verifier unhealthy ({why}); see flywheel tasks audit")
+    if counts.get("unaudited_tasks"):
+        print(f"{counts['unaudited_tasks']} task(s) have no verifier audit (flywheel tasks audit SUITE)")
 
 
 @train_app.command("sft")
@@ -490,6 +495,76 @@ def tasks_import(
     if res.out:
         print(f"wrote {res.out}")
     print(f"ok: run it with: flywheel generate --suite {path} --teacher reference --backend docker")
+
+
+@tasks_app.command("audit")
+def tasks_audit(
+    source: Annotated[str, typer.Argument(help="Suite name, humaneval, a Harbor folder or a task file.")],
+    root: Root = "runs/default",
+    n: Annotated[Optional[int], typer.Option(help="How many tasks (the first N; default: all of a file, folder or "
+                                                  "humaneval, 50 of a built-in suite).")] = None,
+    k: Annotated[int, typer.Option(help="Re-grades of the oracle's final state (flakiness).")] = 3,
+    workers: Annotated[int, typer.Option(help="Tasks audited at once.")] = 4,
+    backend: Annotated[str, typer.Option(help="Sandbox backend: docker, local or auto.")] = "auto",
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Also write the rows as JSON to this file.")]
+    = None,
+    no_lake: Annotated[bool, typer.Option("--no-lake", help="Print only; write no verifier_health rows.")] = False,
+) -> None:
+    """Audit each task's verifier: the oracle must pass, a null agent must fail, mutants of the oracle's code
+    should fail, K re-grades must agree. Rows go to the lake's verifier_health table (flywheel sql reads it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from agents.audit import audit_tasks
+    from curate.config import VerifierHealthConfig
+    from curate.health import unhealthy_reason
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+    from tasks.cli import tasks_show as _load
+    from warehouse.lake import write_rows
+
+    if (n is not None and n < 1) or k < 0 or workers < 1:
+        raise UsageError(f"--n and --workers must be at least 1 and --k at least 0 (got n={n}, k={k}, "
+                         f"workers={workers})")
+    builtin = not Path(source).exists() and source != "humaneval"
+    tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize))
+    if not tasks:
+        raise UsageError(f"{source} holds no tasks; pass a suite name, humaneval, a Harbor folder or a task file")
+    be = open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(2 * workers, 8)))
+    try:
+        rows = audit_tasks(tasks, be, k=k, workers=workers)
+    finally:
+        be.shutdown()
+        if any(t.verifier.kind == "harbor" for t in tasks):
+            from tasks.harbor import shutdown
+
+            shutdown()
+    th = VerifierHealthConfig()
+    why = {r.task_id: unhealthy_reason(r.model_dump(), th) for r in rows}
+    t = Table(title=f"verifier health of {len(rows)} task(s) from {source}")
+    for col in ("task", "verifier", "oracle", "null", "mutants killed", "kill rate", "flake rate", "wall s",
+                "healthy"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.task_id, f"{r.verifier} v{r.verifier_version}", "pass" if r.oracle_pass else "FAIL",
+                  "PASS" if r.null_pass else "fail", f"{r.mutants_killed}/{r.n_mutants}",
+                  "-" if r.mutant_kill_rate is None else f"{r.mutant_kill_rate:.2f}", f"{r.flake_rate:.2f}",
+                  f"{r.wall_s:.1f}", "yes" if why[r.task_id] is None else f"no: {why[r.task_id]}")
+    Console(width=180).print(t)
+    n_mut = sum(r.n_mutants for r in rows)
+    killed = sum(r.mutants_killed for r in rows)
+    bad = [tid for tid, w in why.items() if w is not None]
+    print(f"oracle passes {sum(r.oracle_pass for r in rows)}/{len(rows)}; null agent passes "
+          f"{sum(r.null_pass for r in rows)}/{len(rows)}; mutant kill rate "
+          + (f"{killed}/{n_mut} = {killed / n_mut:.3f}" if n_mut else "- (no mutants)")
+          + f"; flaky {sum(r.flake_rate > 0 for r in rows)}; unhealthy {len(bad)}"
+          + (f": {', '.join(bad)}" if bad else ""))
+    if json_out:
+        Path(json_out).write_text(json.dumps([r.model_dump() for r in rows], indent=1) + "\n")
+        print(f"wrote {json_out}")
+    if not no_lake:
+        path = write_rows(root, "verifier_health", [r.model_dump() for r in rows])
+        print(f"wrote {len(rows)} verifier_health row(s) to {path}")
 
 
 @demos_app.command("import")
