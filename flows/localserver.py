@@ -25,8 +25,8 @@ command (flows/lease_storage.py; on the shared server the command names itself i
 through PREFECT_CLIENT_CUSTOM_HEADERS). `reap_dead_leases` releases the slots of folders whose command is gone (pid
 dead, or reused by another process) and deletes them: each command runs it before its first flow, and the shared
 server's watchdog every few seconds. A lease on disk after a power loss is reaped the same way.
-`flywheel serve` runs flow runs in subprocesses of their own session; `die_with_parent_command` (called from
-flows/__init__.py when FLYWHEEL_DIE_WITH names a process) makes each of them exit when `serve` is gone.
+`flywheel serve` runs flow runs in subprocesses of their own session; `guard_children` marks them and starts a guard
+process that kills them once `serve` is gone.
 This module does nothing when PREFECT_API_URL is set. Importing it does not import prefect.
 """
 
@@ -71,6 +71,7 @@ _url: str | None = None
 _lease_dir: Path | None = None
 _client_file: Path | None = None
 _spawned: list[subprocess.Popen] = []  # the shared server, when this command started it
+_spawned_guard: list[subprocess.Popen] = []
 
 
 def prefect_home() -> Path:
@@ -423,20 +424,46 @@ def serve_shared(port: int, idle_s: float) -> None:
     server.run()
 
 
-def die_with_parent_command(ident: str) -> None:
-    """Exit (SIGKILL, with this process's group when it leads one) as soon as the process PID-STARTTIME is gone:
-    a flow run that `flywheel serve` started in a session of its own does not outlive `serve`."""
-    if not _ID.match(ident) or ident == self_id():
-        return
+def guard_children() -> str:
+    """Mark this process's future children (FLYWHEEL_DIE_WITH=PID-STARTTIME in the environment) and start a guard
+    that, once this process is gone however it died, SIGKILLs every process carrying the mark: the flow runs that
+    `flywheel serve` starts in sessions of their own do not outlive it. Returns the mark."""
+    ident = self_id()
+    os.environ["FLYWHEEL_DIE_WITH"] = ident
+    env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_DIE_WITH"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                         *filter(None, [os.environ.get("PYTHONPATH")])])
+    _spawned_guard.append(subprocess.Popen([sys.executable, "-m", "flows.localserver", "guard", ident], env=env,
+                                           stdin=subprocess.DEVNULL, start_new_session=True))
+    return ident
 
-    def watch() -> None:
-        while _alive(ident):
-            time.sleep(0.5)
-        if os.getpgid(0) == os.getpid():
-            os.killpg(os.getpid(), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
 
-    threading.Thread(target=watch, name="flywheel-die-with-serve", daemon=True).start()
+def _marked(ident: str) -> list[int]:
+    mark = f"FLYWHEEL_DIE_WITH={ident}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if mark in (d / "environ").read_bytes().split(b"\0"):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def guard(ident: str) -> None:
+    """The guard process of `guard_children`: wait until PID-STARTTIME is gone, then kill the marked processes (and
+    the process groups they lead) until none is left."""
+    while _alive(ident):
+        time.sleep(0.5)
+    for _ in range(20):
+        pids = _marked(ident)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+        time.sleep(0.25)
 
 
 # --- slots of dead commands and readiness ---------------------------------------------------------------------------
@@ -529,5 +556,8 @@ def stop() -> None:
     _url = None
 
 
-if __name__ == "__main__":  # the shared server's process: python -m flows.localserver PORT IDLE_S
-    serve_shared(int(sys.argv[1]), float(sys.argv[2]))
+if __name__ == "__main__":  # python -m flows.localserver PORT IDLE_S (the shared server) | guard PID-STARTTIME
+    if sys.argv[1] == "guard":
+        guard(sys.argv[2])
+    else:
+        serve_shared(int(sys.argv[1]), float(sys.argv[2]))

@@ -326,7 +326,7 @@ def serve_command(
     cfg = load_config(config, list(set_ or []))
     localserver.start()
     localserver.wait_ready()
-    os.environ["FLYWHEEL_DIE_WITH"] = localserver.self_id()  # the flow runs it starts exit when it is gone
+    localserver.guard_children()  # the flow runs it starts (sessions of their own) go when it goes
     serve(cfg, flows=list(flow) if flow else None, skip_missing=skip_missing)
 
 

@@ -224,7 +224,7 @@ def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend,
     finally:
         stop = subprocess.run([FLYWHEEL, "server", "stop"], env=env, capture_output=True, text=True, timeout=60)
     if server == "shared":
-        assert stop.stdout.startswith(f"stopped: http://127.0.0.1:") and f"(pid {shared})" in stop.stdout
+        assert stop.stdout.startswith("stopped: http://127.0.0.1:") and f"(pid {shared})" in stop.stdout
     assert processes_with(marker) == []  # `flywheel server stop` ended the shared server: nothing is left
 
 
