@@ -107,6 +107,8 @@ def main() -> None:
                         argv = [*gen, "--out", str(lake)]
                     res[name][mode].append(run_once(argv, envs[mode], lake))
                     print(f"round {r + 1} {mode:>7} {name:<20} {res[name][mode][-1]}", file=sys.stderr)
+                    Path(args.out).write_text(json.dumps({"partial": True, "first_use_shared": first_use,
+                                                          "runs": res}, indent=1))  # kept if the run is cut
     finally:
         subprocess.run([FLYWHEEL, "server", "stop"], env=base, capture_output=True)
 
