@@ -201,7 +201,10 @@ def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend,
         while (processes_with(marker, but=shared) or still_alive(procs)
                or (backend == "docker" and running_containers(owner))) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(procs) >= (2 if (server, command) == ("own", "generate") or command == "serve" else 1)
+        # what there was to kill: its own server and sandboxes; serve's flow run and guard; `run` may still be in
+        # threads only (no sandbox process yet) when the shared server is not its own
+        assert len(procs) >= {("own", "generate"): 2, ("shared", "serve"): 2, ("shared", "generate"): 1}.get(
+            (server, command), 0)
         assert still_alive(procs) == []
         assert processes_with(marker, but=shared) == []
         if backend == "docker":
