@@ -152,15 +152,15 @@ def _cfg(config: Optional[Path], out: Optional[str], set_: Optional[list[str]], 
 
 
 def _start_server() -> None:
-    """Start this command's temporary Prefect server now, in parallel with the checks and imports that follow,
-    when no PREFECT_API_URL is set (flows/localserver.py: it dies with the command, killed or not)."""
+    """With no PREFECT_API_URL: find the shared local Prefect server, or start it now (detached, in parallel with
+    the checks and imports that follow); flows/localserver.py."""
     from flows import localserver
 
     localserver.start()
 
 
 def _server_ready() -> None:
-    """Wait for the server of `_start_server` (and release slots that dead commands held) before the flow."""
+    """Wait for the server of `_start_server` to answer (and release slots that dead commands held)."""
     from flows import localserver
 
     localserver.wait_ready()
@@ -660,25 +660,44 @@ def sandbox_build_image(
 
 
 @server_app.command("start")
-def server_start(port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None
-                 ) -> None:
-    """Start a local Prefect server (UI included) that outlives this command; later commands without
-    PREFECT_API_URL use it instead of starting a temporary server each (found through PREFECT_HOME)."""
+def server_start(
+    port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None,
+    idle_timeout: Annotated[Optional[float], typer.Option(
+        "--idle-timeout", help="Seconds without API requests and client commands after which the server stops "
+                               "itself (default FLYWHEEL_SERVER_IDLE_S or 900; 0: never).")] = None,
+) -> None:
+    """Start the local Prefect server (UI included) that commands without PREFECT_API_URL reuse; they also start
+    it on first use. It outlives this command, found through PREFECT_HOME/flywheel-server.json."""
     from flows import localserver
 
     if os.environ.get("PREFECT_API_URL"):
         raise UsageError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): commands use that server; "
                          "unset it to use a local one")
-    st = localserver.start_shared(port)
-    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}); UI: {st['url'].removesuffix('/api')}")
+    if idle_timeout is not None and idle_timeout < 0:
+        raise UsageError(f"--idle-timeout must be 0 (never) or more seconds, not {idle_timeout}")
+    st = localserver.start_shared(port, idle_timeout)
+    if port and not st["url"].endswith(f":{port}/api"):
+        print(f"note: a local server runs already on {st['url']}; stop it first to use port {port}",
+              file=sys.stderr)
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}); "
+          f"UI: {st['url'].removesuffix('/api')}")
+
+
+def _idle_words(st: dict) -> str:
+    idle = float(st.get("idle_s") or 0)
+    return f"stops after {idle:.0f} s idle" if idle else "no idle timeout"
 
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the local server of `flywheel server start`."""
+    """Stop the local server (and release nothing else: runs and slots are kept in PREFECT_HOME's database)."""
     from flows import localserver
 
+    users = localserver.live_clients()
     st = localserver.stop_shared()
+    if st and users:
+        print(f"warning: stopped while {len(users)} command(s) used it (pid {', '.join(u.split('-')[0] for u in users)})",
+              file=sys.stderr)
     print(f"stopped: {st['url']} (pid {st['pid']})" if st else "not running")
 
 
@@ -691,7 +710,9 @@ def server_status() -> None:
     if not st:
         print("not running")
         raise typer.Exit(1)
-    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']})")
+    users = localserver.live_clients()
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}, {len(users)} client "
+          "command(s))")
 
 
 def _register_ops_commands() -> None:
@@ -735,18 +756,32 @@ def main() -> None:
         # standalone_mode=False: typer.Exit(n) comes back as the return value, errors are raised to us
         rv = app(standalone_mode=False)
     except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
+        _stop_server_if_unused()
         print("aborted", file=sys.stderr)
         sys.exit(130)
     except (tclick.ClickException, click.exceptions.ClickException) as e:
+        _stop_server_if_unused()
         sys.exit(_usage_exit(e))
     except (typer.Exit, click.exceptions.Exit) as e:
+        if e.exit_code:
+            _stop_server_if_unused()
         sys.exit(e.exit_code)
     except Exception as e:
+        _stop_server_if_unused()
         if _is_known(e):
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
+    if rv not in (None, 0):
+        _stop_server_if_unused()
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _stop_server_if_unused() -> None:
+    """A command that failed stops the shared server it started, unless another command uses it."""
+    mod = sys.modules.get("flows.localserver")
+    if mod is not None:
+        mod.stop_if_unused()
 
 
 if __name__ == "__main__":

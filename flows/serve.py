@@ -11,9 +11,10 @@ flow lays over the served config (`run_config_of`). Adding a flow is one line in
 chooses its task runner (threads or Ray) from its parameters at run time (flows/runners.py), so a run triggered
 from the UI can ask for Ray (overrides=["run.ray_address=auto"]).
 
-This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a
-work-pool deployment see README's "A process work pool, step by step"). Its `[serve]` section (ServeConfig,
-ScheduleConfig) lives in flows/config.py with the rest of the config.
+This module registers and serves; it does not define flows or create work pools (for a work-pool deployment see
+README's "A process work pool, step by step"); `serve_command` uses the shared local server of flows/localserver.py
+when no PREFECT_API_URL is set. Its `[serve]` section (ServeConfig, ScheduleConfig) lives in flows/config.py with
+the rest of the config.
 """
 
 from __future__ import annotations
@@ -250,8 +251,8 @@ def require_server() -> str:
 
     url = PREFECT_API_URL.value()
     if not url:
-        raise ServeError("flywheel serve needs a Prefect server: run `prefect server start` (UI and API on "
-                         "http://127.0.0.1:4200) and export PREFECT_API_URL=http://127.0.0.1:4200/api")
+        raise ServeError("no Prefect server: run `flywheel server start` (a local one), or `prefect server start` "
+                         "and export PREFECT_API_URL=http://127.0.0.1:4200/api")
     return str(url)
 
 
@@ -325,8 +326,14 @@ def serve_command(
     = None,
 ) -> None:
     """Register the flows as Prefect deployments (schedules from the serve section) and run what the UI, the API
-    and the schedules trigger; needs PREFECT_API_URL (a `prefect server start`). Ctrl-C stops, pausing schedules."""
+    and the schedules trigger, on PREFECT_API_URL or else the shared local server (started if none runs; it stays
+    up while `serve` runs). Ctrl-C stops, pausing schedules; a killed `serve` takes its flow runs with it."""
+    from flows import localserver
+
     cfg = load_config(config, list(set_ or []))
+    localserver.start()
+    localserver.wait_ready()
+    localserver.guard_children()  # the flow runs it starts (sessions of their own) go when it goes
     serve(cfg, flows=list(flow) if flow else None, skip_missing=skip_missing)
 
 
