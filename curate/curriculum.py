@@ -11,23 +11,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from math import comb
 
 from curate.config import CurriculumConfig
 from warehouse.record import SCORED_VERDICTS
+from warehouse.score import pass_at_k  # the one scorer
 
 ALWAYS_PASSED = "always_passed"
 ALWAYS_FAILED = "always_failed"
 UNSEEN = "unseen"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float | None:
-    """Unbiased pass@k from n samples with c successes (Chen et al. 2021); None when n < k."""
-    if n < k or n <= 0:
-        return None
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
 
 
 @dataclass(frozen=True)

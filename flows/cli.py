@@ -80,7 +80,7 @@ def generate(
     for key, val in (("generate.suite", suite), ("generate.split", split), ("generate.n_tasks", n_tasks),
                      ("generate.samples", samples), ("generate.difficulty", difficulty),
                      ("teacher.kind", teacher), ("teacher.base_url", base_url), ("teacher.model", model),
-                     ("sandbox.backend", backend), ("generate.concurrency", concurrency),
+                     ("sandbox.backend", backend), ("rollout.concurrency", concurrency),
                      ("run.run_id", run_id), ("run.out", out)):
         if val is not None:
             overrides.append(f"{key}={json.dumps(val)}")

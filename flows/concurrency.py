@@ -52,7 +52,7 @@ class LimitsConfig(BaseModel):
     gpu_slots: int = Field(default=1, ge=0, description="GPUs that training and in-process inference may hold at "
                            "once, across all flow runs on this Prefect server (0 blocks every GPU stage).")
     sandbox_slots: int = Field(default=8, ge=0, description="Sandboxes that rollouts may keep open at once, across "
-                               "all flow runs (each rollout chunk holds generate.concurrency of them).")
+                               "all flow runs (each rollout holds rollout.concurrency of them).")
     endpoint_slots: int = Field(default=16, ge=0, description="Requests in flight to any ONE OpenAI-compatible "
                                 "endpoint, across all flow runs (one limit per host:port, made on first use).")
     enabled: bool = Field(default=True, description="Take slots from the Prefect server's global concurrency "

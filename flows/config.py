@@ -176,13 +176,22 @@ class GenerateConfig(BaseModel):
     n_tasks: int = Field(default=50, gt=0, description="How many tasks to draw from the suite.")
     samples: int = Field(default=2, gt=0, description="Episodes per task.")
     difficulty: int = Field(default=1, ge=1, le=3, description="Difficulty level of built-in suites.")
-    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode before it is cut off.")
-    concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once.")
-    batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
-    infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error.")
     round: int = Field(default=0, ge=0, description="Round number recorded on the rows.")
     chunks: int = Field(default=1, ge=1, description="Split the tasks into this many Prefect tasks (parallel on "
                         "the task runner: threads, or Ray workers with run.ray_address).")
+
+
+class RolloutConfig(BaseModel):
+    """The `[rollout]` section: how every stage runs episodes into the lake (generate's chunks, the flywheel's
+    teacher, baseline and student stages, evaluate), through the one path in flows/rollouts.py."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once in one rollout; it holds "
+                             "that many flywheel-sandbox slots (and endpoint slots for an openai policy).")
+    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode before it is cut off.")
+    batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
+    infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error "
+                               "(never counted as the model's failure).")
 
 
 class SuiteStep(BaseModel):
@@ -249,7 +258,9 @@ class FlywheelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run: RunConfig = Field(default_factory=RunConfig, description="Run id, lake root, seed, task runner.")
     generate: GenerateConfig = Field(default_factory=GenerateConfig, description="`generate`: suite, tasks, "
-                                     "samples, concurrency.")
+                                     "samples, chunks.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Episodes of every stage: "
+                                   "concurrency, turns, batch size, infra retries.")
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(noise=OFFLINE_TEACHER_NOISE),
                                   description="The teacher policy (offline default: reference replay with noise "
                                               "and injected hacks so the filters have work).")
@@ -315,6 +326,10 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     node[parts[-1]] = _parse_value(raw.strip())
 
 
+# Keys that moved to another section: the error names the new key instead of only listing the section's keys.
+MOVED_KEYS = {f"generate.{k}": f"rollout.{k}" for k in ("concurrency", "max_turns", "batch_size", "infra_retries")}
+
+
 def _check_keys(data: dict[str, Any], origin: str) -> None:
     sections = _sections()
     for name, body in data.items():
@@ -324,6 +339,9 @@ def _check_keys(data: dict[str, Any], origin: str) -> None:
             raise ConfigError(f"[{name}] in {origin} must be a table of keys")
         fields = sections[name].model_fields
         for k in body:
+            if f"{name}.{k}" in MOVED_KEYS:
+                raise ConfigError(f"config key '{name}.{k}' in {origin} is now '{MOVED_KEYS[f'{name}.{k}']}' "
+                                  f"(one setting for the rollouts of every stage); rename it")
             if k not in fields:
                 raise ConfigError(
                     f"unknown config key '{name}.{k}' in {origin}; known keys in [{name}]: {', '.join(fields)}")

@@ -21,6 +21,7 @@ import duckdb
 
 from warehouse.lakefs import open_lake
 from warehouse.query import connect
+from warehouse.score import pass_at_k
 from warehouse.tables import TRAJECTORIES_DIR
 
 PAGE_SIZES = (25, 50, 100, 200)
@@ -406,8 +407,8 @@ def task_page(con: duckdb.DuckDBPyConnection, task_id: str) -> dict[str, Any]:
                    [task_id])
     for g in groups:
         scored = g["n"] - g["infra_errors"]
-        g["pass_at_1"] = g["passed"] / scored if scored else None
-        g["pass_at_k"] = (1.0 if g["passed"] else 0.0) if scored else None
+        g["pass_at_1"] = pass_at_k(scored, g["passed"], 1)
+        g["pass_at_k"] = pass_at_k(scored, g["passed"], scored)  # k = every scored sample of the group
     return {"task_id": task_id, "suite": eps[0]["suite"], "split": eps[0]["split"], "episodes": eps,
             "groups": groups}
 

@@ -108,7 +108,7 @@ def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = 
     stdout and stderr go to tmp/OUT.out and tmp/OUT.err (files, not pipes: a leftover child would hold a pipe open,
     and no full pipe can block the command)."""
     args = ["generate", "--n-tasks", str(n_tasks), "--samples", "1", "--concurrency", "8"] if command == "generate" \
-        else ["run", "--set", f"generate.n_tasks={n_tasks}", "--set", "generate.concurrency=8",
+        else ["run", "--set", f"generate.n_tasks={n_tasks}", "--set", "rollout.concurrency=8",
               "--set", "student.tiny.copy_warmup_steps=0"]  # straight to the rollouts
     with open(tmp / f"{out}.out", "w") as o, open(tmp / f"{out}.err", "w") as e:
         return subprocess.Popen([FLYWHEEL, *args, "--backend", backend, "--out", str(tmp / out)], env=env, cwd=tmp,
