@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tomllib
+import typing
 import zoneinfo
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,14 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agents.config import PolicyConfig
+from agents.config import MixtureConfig, PolicyConfig
 from agents.reference import ReferenceNoise
 from curate.config import CurateConfig, CurriculumConfig
 from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
-from training.config import GRPOConfig, SFTConfig, TinyModelConfig
+from tasks.judge import JudgeConfig
+from tasks.rewards import RewardConfig
+from training.config import DiagnosticsThresholds, GRPOConfig, SFTConfig, TinyModelConfig
 
 
 def _shipped_demos() -> list[str]:
@@ -248,8 +251,12 @@ class StudentConfig(BaseModel):
 
 
 def _sections() -> dict[str, type[BaseModel]]:
-    """Section name -> model, from the fields of FlywheelConfig."""
-    return {name: f.annotation for name, f in FlywheelConfig.model_fields.items()}  # type: ignore[misc]
+    """Section name -> model, from the fields of FlywheelConfig (an optional section: its model)."""
+    out = {}
+    for name, f in FlywheelConfig.model_fields.items():
+        models = [a for a in typing.get_args(f.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        out[name] = models[0] if models else f.annotation
+    return out  # type: ignore[return-value]
 
 
 class FlywheelConfig(BaseModel):
@@ -264,6 +271,15 @@ class FlywheelConfig(BaseModel):
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(noise=OFFLINE_TEACHER_NOISE),
                                   description="The teacher policy (offline default: reference replay with noise "
                                               "and injected hacks so the filters have work).")
+    teacher_mixture: MixtureConfig | None = Field(default=None, description="Several teachers in one run, each "
+                                                  "(task, sample) assigned to one by weight; set, it replaces "
+                                                  "[teacher] in every teacher stage (generate, the flywheel's "
+                                                  "teacher and baseline). Empty: [teacher] alone.")
+    rewards: RewardConfig = Field(default_factory=RewardConfig, description="Weights of the reward's parts, on "
+                                  "every rollout's rows and in GRPO (default: the outcome alone).")
+    judge: JudgeConfig | None = Field(default=None, description="The LLM judge of tasks whose verifier is "
+                                      "llm_judge, in every rollout; empty: such episodes cannot be verified "
+                                      "(VerifierUnavailable, retried as infra_error, never scored).")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Sandbox backend and limits.")
     student: StudentConfig = Field(default_factory=StudentConfig, description="Base student and its generation.")
     flywheel: FlywheelSection = Field(default_factory=FlywheelSection, description="Rounds and suite schedule.")
@@ -281,6 +297,8 @@ class FlywheelConfig(BaseModel):
     grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=8, num_generations=4, prompts_per_step=2,
                                                                       learning_rate=1e-4),
                              description="GRPO (TRL GRPOTrainer) in our sandboxes; small on the CPU default.")
+    diagnostics: DiagnosticsThresholds = Field(default_factory=DiagnosticsThresholds, description="When GRPO's "
+                                               "per-step diagnostics warn (training/diagnostics.py).")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="`flywheel serve`: deployments, schedules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Prefect global concurrency limits.")
 

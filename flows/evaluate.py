@@ -16,25 +16,32 @@ from prefect.artifacts import create_table_artifact
 
 from flows.concurrency import ENDPOINT_RETRIES
 from flows.config import FlywheelConfig
-from flows.rollouts import heldout_tasks, rollout_backend, rollout_rows, schedule_train_tasks, student_policy
+from flows.rollouts import (
+    build_teacher,
+    heldout_tasks,
+    rollout_backend,
+    rollout_rows,
+    schedule_train_tasks,
+    student_policy,
+    teacher_configs,
+)
 from flows.stages import StageTimer, metric, score_rows
 
 
 @task(name="score-base-and-teacher", **ENDPOINT_RETRIES)
 def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str, Any]:
     """Held-out pass@1 of the base student and of the teacher, round 0."""
-    from agents.config import build_policy
     from warehouse.lake import write_rows
 
     timer = StageTimer()
     heldout = heldout_tasks(cfg)
     score = {"run_id": run_id, "round": 0, "stage": "eval", "split": "heldout"}
-    with rollout_backend(cfg, None) as backend:
+    with rollout_backend(cfg, []) as backend:
         base = student_policy(cfg, base_path, "base", temperature=0.0)
         rows = rollout_rows(cfg, heldout, base, run_id=run_id, round=0, samples=1, backend=backend)
         metrics = score_rows(rows, subject="base", **score)
-    with rollout_backend(cfg, cfg.teacher) as backend:
-        rows = rollout_rows(cfg, heldout, build_policy(cfg.teacher), run_id=run_id, round=0, samples=1,
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        rows = rollout_rows(cfg, heldout, build_teacher(cfg), run_id=run_id, round=0, samples=1,
                             backend=backend)
         metrics += score_rows(rows, subject="teacher", **score)
     metrics.append(metric(run_id, 0, "baseline", "stage", "-", "all", "wall_s", timer.s))
@@ -54,7 +61,7 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
     train = schedule_train_tasks(cfg, lambda from_round: from_round <= round)[: fw.student_train_tasks]
     name = f"student-r{round}"
     score = {"run_id": run_id, "round": round, "subject": "student"}
-    with rollout_backend(cfg, None) as backend:
+    with rollout_backend(cfg, []) as backend:
         greedy = student_policy(cfg, student["path"], name, temperature=0.0)
         rows = rollout_rows(cfg, heldout, greedy, run_id=run_id, round=round, samples=1, backend=backend)
         metrics = score_rows(rows, stage="eval", split="heldout", **score)
@@ -80,7 +87,7 @@ def evaluate_task(cfg: FlywheelConfig, model: str, run_id: str, round: int, name
     """Greedy held-out pass@1 of `model` per suite; the rows and the scores land in the lake."""
     from warehouse.lake import write_rows
 
-    with rollout_backend(cfg, None) as backend:
+    with rollout_backend(cfg, []) as backend:
         rows = rollout_rows(cfg, heldout_tasks(cfg), student_policy(cfg, model, name, temperature=0.0),
                             run_id=run_id, round=round, samples=1, backend=backend)
     metrics = score_rows(rows, run_id=run_id, round=round, stage="eval", subject="eval", split="heldout")

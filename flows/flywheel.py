@@ -34,6 +34,7 @@ from flows.config import FlywheelConfig, SuiteStep
 from flows.curate import stage_curate
 from flows.evaluate import stage_baseline, stage_student
 from flows.generate import new_run_id, stage_teacher, teacher_ahead_process
+from flows.rollouts import check_teacher_and_sandbox
 from flows.stages import Ledger
 from flows.train import stage_base, stage_grpo, stage_sft
 
@@ -138,15 +139,12 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
 
 
 def preflight(cfg: FlywheelConfig) -> None:
-    """Fail fast before anything is written: suites, teacher, sandbox engine, base model."""
-    from agents.config import check_policy
-    from sandbox.backend import check_backend
+    """Fail fast before anything is written: suites, teacher(s), sandbox engine."""
     from tasks.suites import check_suite
 
     for step in cfg.flywheel.suites:
         check_suite(step.suite)
-    check_policy(cfg.teacher)
-    check_backend(cfg.sandbox)
+    check_teacher_and_sandbox(cfg)
 
 
 def print_summary(s: FlywheelSummary) -> None:

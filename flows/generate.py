@@ -23,7 +23,17 @@ from pydantic import BaseModel, Field
 from flows.artifacts import progress_callback
 from flows.concurrency import ENDPOINT_RETRIES, default_limits, ensure_limits
 from flows.config import FlywheelConfig
-from flows.rollouts import joining_tasks, rollout_backend, rollout_rows, rollout_to_lake, schedule_train_tasks
+from flows.rollouts import (
+    build_teacher,
+    check_teacher_and_sandbox,
+    joining_tasks,
+    rollout_backend,
+    rollout_rows,
+    rollout_to_lake,
+    schedule_train_tasks,
+    teacher_configs,
+    teacher_name,
+)
 from flows.runners import make_task_runner, submit_all
 from flows.stages import Ledger, StageTimer, metric
 
@@ -64,11 +74,9 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = 
     Retrying is safe: ids already written are skipped. Chunks run on the flow's task runner (threads here, Ray
     workers with --ray-address), each with its own slots and sandbox backend (flows/rollouts.py).
     """
-    from agents.config import build_policy
-
-    with rollout_backend(cfg, cfg.teacher) as backend:
-        policy = build_policy(cfg.teacher)
-        res = rollout_to_lake(cfg, tasks, [policy], run_id=run_id, round=cfg.generate.round,
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        policy = build_teacher(cfg)
+        res = rollout_to_lake(cfg, tasks, policy, run_id=run_id, round=cfg.generate.round,
                               samples=cfg.generate.samples, backend=backend, on_progress=progress)
     return {"written": res.written, "skipped_existing": res.skipped_existing, "summary": res.summary.model_dump()}
 
@@ -80,7 +88,6 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = 
 def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
     """The flywheel's teacher stage: every train task of the suites joining this round, and the earlier suites'
     tasks that the student still fails (the curriculum); yield, hack rates and tokens into the rounds table."""
-    from agents.config import build_policy
     from curate.curriculum import plan_curriculum
     from warehouse.lake import write_rows
     from warehouse.score import pass_rate, scored
@@ -95,8 +102,8 @@ def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
                                run_id=run_id, upto_round=round - 1, task_ids=[t.id for t in earlier])
         wanted = set(plan.teacher_tasks)
         chosen = new + [t for t in earlier if t.id in wanted]
-    with rollout_backend(cfg, cfg.teacher) as backend:
-        rows = rollout_rows(cfg, chosen, build_policy(cfg.teacher), run_id=run_id, round=round,
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        rows = rollout_rows(cfg, chosen, build_teacher(cfg), run_id=run_id, round=round,
                             samples=cfg.flywheel.teacher_samples, backend=backend)
     sc = scored(rows)
     m = partial(metric, run_id, round, "teacher", "teacher", "train", "all")
@@ -120,13 +127,12 @@ def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any
     Rows land in the lake under `round`; that round's teacher stage then finds them written and skips them. The
     same slots and path as every rollout; no progress bar (the student's rollouts may draw theirs meanwhile), no
     Prefect task (it runs outside the flow, so no task retries: what it misses, round `round`'s stage runs)."""
-    from agents.config import build_policy
     from warehouse.lake import write_rows
 
     timer = StageTimer()
     new = joining_tasks(cfg, round)
-    with rollout_backend(cfg, cfg.teacher) as backend:
-        rows = rollout_rows(cfg, new, build_policy(cfg.teacher), run_id=run_id, round=round,
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        rows = rollout_rows(cfg, new, build_teacher(cfg), run_id=run_id, round=round,
                             samples=cfg.flywheel.teacher_samples, backend=backend, progress=False)
     write_rows(cfg.run.out, "rounds", [metric(run_id, round, "teacher-ahead", "stage", "-", "all", "wall_s",
                                               timer.s)])
@@ -161,14 +167,11 @@ def chunked(items: list, n: int) -> list[list]:
 
 
 def preflight(cfg: FlywheelConfig) -> None:
-    """Fail fast, before anything is written: suite, teacher endpoint, sandbox engine."""
-    from agents.config import check_policy
-    from sandbox.backend import check_backend
+    """Fail fast, before anything is written: suite, teacher endpoint(s), sandbox engine."""
     from tasks.suites import check_suite
 
     check_suite(cfg.generate.suite)
-    check_policy(cfg.teacher)
-    check_backend(cfg.sandbox)
+    check_teacher_and_sandbox(cfg)
 
 
 @flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=2))
@@ -238,7 +241,7 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
         by_policy.setdefault(r["policy"], {})[r["verdict"]] = r["n"]
     episodes = sum(verdicts.values())
     summary = GenerateSummary(
-        run_id=run_id, round=g.round, root=str(root), suite=g.suite, split=g.split, policy=cfg.teacher.name_or_kind(),
+        run_id=run_id, round=g.round, root=str(root), suite=g.suite, split=g.split, policy=teacher_name(cfg),
         episodes=episodes, written=out["written"], skipped_existing=out["skipped_existing"], verdicts=verdicts,
         by_policy=by_policy, pass_rate=pass_rate_of_counts(verdicts),
         wall_s=time.perf_counter() - t0, config_path=config_path)

@@ -58,15 +58,50 @@ def student_policy(cfg: FlywheelConfig, model_path: str, name: str, *, temperatu
                               batch_size=s.batch_size, seed=seed, threads=s.threads)
 
 
+def teacher_configs(cfg: FlywheelConfig) -> list[PolicyConfig]:
+    """The teacher's policy configs: those of [teacher_mixture] when set, else [teacher]."""
+    return list(cfg.teacher_mixture.policies) if cfg.teacher_mixture else [cfg.teacher]
+
+
+def build_teacher(cfg: FlywheelConfig):
+    """The teacher of every teacher stage: the Mixture of [teacher_mixture] when set, else the [teacher] policy."""
+    from agents.config import build_policy
+    from agents.mixture import mixture_from_config
+
+    return mixture_from_config(cfg.teacher_mixture) if cfg.teacher_mixture else build_policy(cfg.teacher)
+
+
+def teacher_name(cfg: FlywheelConfig) -> str:
+    """The teacher's name on summaries: the policy's, or `mixture(a,b)`."""
+    names = [c.name_or_kind() for c in teacher_configs(cfg)]
+    return names[0] if not cfg.teacher_mixture else f"mixture({','.join(names)})"
+
+
+def check_teacher_and_sandbox(cfg: FlywheelConfig) -> None:
+    """Fail fast, before anything is written: every teacher policy (endpoint, model) and the sandbox engine."""
+    from agents.config import check_policy
+    from sandbox.backend import check_backend
+
+    for c in teacher_configs(cfg):
+        check_policy(c)
+    check_backend(cfg.sandbox)
+
+
+def _policy_names(policy) -> list[str]:
+    from agents.mixture import Mixture
+
+    ps = policy.policies if isinstance(policy, Mixture) else policy if isinstance(policy, list) else [policy]
+    return [p.name for p in ps]
+
+
 @contextmanager
-def rollout_backend(cfg: FlywheelConfig, policy_cfg: PolicyConfig | None) -> Iterator[Any]:
-    """The slots of one rollout (rollout.concurrency sandboxes, and the endpoint's requests or a GPU for the
-    policy of `policy_cfg`; None: a CPU policy such as the student) and a sandbox backend, for the block."""
-    from agents.config import PolicyConfig
+def rollout_backend(cfg: FlywheelConfig, policy_cfgs: list[PolicyConfig]) -> Iterator[Any]:
+    """The slots of one rollout (rollout.concurrency sandboxes, and the endpoint's requests or a GPU for each
+    policy of `policy_cfgs`; [] for a CPU policy such as the student) and a sandbox backend, for the block."""
     from sandbox.backend import open_backend
 
     n = cfg.rollout.concurrency
-    with rollout_slots(cfg.limits, policy_cfg or PolicyConfig(kind="transformers"), n):
+    with rollout_slots(cfg.limits, policy_cfgs, n):
         backend = open_backend(cfg.sandbox, pool_size=min(n, 8))
         try:
             yield backend
@@ -110,7 +145,8 @@ def rollout_to_lake(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, ro
         out.summary = asyncio.run(rollout(tasks, policy, backend, run_id=run_id, round=round, samples=samples,
                                           concurrency=r.concurrency, skip_ids=skip, on_rows=on_rows,
                                           batch_size=r.batch_size, infra_retries=r.infra_retries,
-                                          max_turns=r.max_turns, progress=progress))
+                                          max_turns=r.max_turns, progress=progress,
+                                          verify_kwargs={"rewards": cfg.rewards, "judge_config": cfg.judge}))
     finally:
         if on_progress is not None:
             on_progress.finish()
@@ -126,8 +162,9 @@ def rollout_rows(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, round
     fresh = rollout_to_lake(cfg, tasks, policy, run_id=run_id, round=round, samples=samples, backend=backend,
                             progress=progress).fresh
     ids = {r.trajectory_id for r in fresh}
-    old = [r for r in read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND policy = ? "
+    old = [r for r in read_trajectories(cfg.run.out, "run_id = ? AND round = ? "
+                                                     "AND list_contains(?::VARCHAR[], policy) "
                                                      "AND list_contains(?::VARCHAR[], task_id)",
-                                        [run_id, round, policy.name, [t.id for t in tasks]])
+                                        [run_id, round, _policy_names(policy), [t.id for t in tasks]])
            if r.trajectory_id not in ids]
     return fresh + old

@@ -106,7 +106,8 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
     with gpu_slot(cfg.limits):
         backend = open_backend(cfg.sandbox, pool_size=min(cfg.rollout.concurrency, 8))
         try:
-            res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend)
+            res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend, rewards=cfg.rewards,
+                             thresholds=cfg.diagnostics)
         finally:
             backend.shutdown()
     metrics = {"reward_first": res.rewards[0] if res.rewards else None,
