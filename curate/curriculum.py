@@ -60,8 +60,8 @@ def pass_history(root: str, *, run_id: str, k: int = 4, upto_round: int | None =
         rows = con.execute(sql, params).fetchall()
     finally:
         con.close()
-    return [PassRecord(t, s, int(r), src, int(n), int(c), c / n, pass_at_k(int(n), int(c), k))
-            for t, s, r, src, n, c in rows]
+    return [PassRecord(t, s, int(r), src, int(n), int(c), pass_at_k(int(n), int(c), 1),
+                       pass_at_k(int(n), int(c), k)) for t, s, r, src, n, c in rows]
 
 
 def choose_tasks(history: list[PassRecord], cfg: CurriculumConfig,

@@ -27,6 +27,8 @@ def pass_at_k(n: int, c: int, k: int) -> float | None:
         return None
     if n - c < k:
         return 1.0
+    if k == 1:
+        return c / n  # the same value, without the float error of 1 - (n - c) / n
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
@@ -38,13 +40,13 @@ def scored(rows: Iterable[Any]) -> list[Any]:
 def pass_rate(rows: Iterable[Any]) -> float:
     """pass@1 of the rows: passes / scored episodes; 0.0 when none is scored."""
     s = scored(rows)
-    return sum(r.verdict == "pass" for r in s) / len(s) if s else 0.0
+    return pass_at_k(len(s), sum(r.verdict == "pass" for r in s), 1) if s else 0.0
 
 
 def pass_rate_of_counts(verdicts: dict[str, int]) -> float:
     """pass@1 from verdict counts (a GROUP BY verdict of the lake): passes / scored; 0.0 when none is scored."""
     n = sum(c for v, c in verdicts.items() if v in SCORED_VERDICTS)
-    return verdicts.get("pass", 0) / n if n else 0.0
+    return pass_at_k(n, verdicts.get("pass", 0), 1) if n else 0.0
 
 
 def mean_pass_at_k(rows: Iterable[Any], k: int) -> float:
