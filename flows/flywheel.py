@@ -8,7 +8,9 @@ the schedule and rolls out on the train tasks (its successes enter round r+1 as 
 in the rounds table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
 student, so they run in a low-priority child process while round r trains (`flywheel.teacher_ahead`; SFT holds
 one core, they use the other); round r+1's teacher stage finds them written and adds only the tasks the student
-still fails.
+still fails. Training stages hold the `flywheel-gpu` slot and every rollout its `flywheel-sandbox` slots, as in
+`flywheel generate`, so round r's student rollouts wait for the ahead rollouts' slots when both together need
+more than `limits.sandbox_slots`.
 
 Every stage records itself in the ledger (flows/stages.py) when its outputs are durable; `--resume RUN_ID`
 skips finished stages. Each stage's Prefect task lives in its stage flow: the teacher in flows/generate.py,
@@ -109,7 +111,7 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
             logger.info("round %d teacher on the suites joining it: in a child process, while round %d trains",
                         r + 1, r)
             pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            ahead = pool.submit(teacher_ahead_process, cfg.model_dump_json(), run_id, r + 1)
+            ahead = pool.submit(teacher_ahead_process, cfg_json=cfg.model_dump_json(), run_id=run_id, round=r + 1)
             pool.shutdown(wait=False)
         try:
             sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=student,

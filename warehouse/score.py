@@ -1,8 +1,8 @@
 """The one scorer: pass@1 and pass@k of episodes, overall and per suite label, from their verdicts.
 
 Every score the project reports goes through here: the flows' rounds-table metrics (flows/stages.py), the
-curriculum's per-task history (curate/curriculum.py), `training.evaluate` (and the benchmarks that use it) and the
-viewer's task page. The rules, written once:
+curriculum's per-task history (curate/curriculum.py), `training.evaluate` (and the benchmarks that use it), the
+viewer's pages and `flywheel stats` (their SQL aggregate, `PASS_RATE_SQL`). The rules, written once:
   - only scored verdicts count (warehouse.record.SCORED_VERDICTS): an infra_error says nothing about the model;
   - pass@1 = passes / scored episodes;
   - pass@k is the unbiased estimator of Chen et al. 2021 per task (n samples, c passes), averaged over the tasks
@@ -19,6 +19,12 @@ from math import comb
 from typing import Any
 
 from warehouse.record import SCORED_VERDICTS
+
+
+PASS_RATE_SQL = ("avg(CASE WHEN verdict = 'pass' THEN 1.0 ELSE 0.0 END) FILTER (WHERE verdict IN ("
+                 + ", ".join(f"'{v}'" for v in SCORED_VERDICTS) + "))")
+"""pass@1 as a DuckDB aggregate over the lake's trajectories (NULL when none is scored), for the lake-side
+summaries (`flywheel stats`, the viewer's run pages); built from the constant verdict names, no user input."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
