@@ -118,7 +118,7 @@ def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = 
 def kill_mid_rollout(tmp: Path, env: dict, home: Path, backend: str = "local",
                      command: str = "generate") -> tuple[dict[int, str], str]:
     """Start a long generate, wait until it holds its 8 sandbox slots (`run`, with no student warm-up: until its
-    round-1 teacher rollouts start; the flywheel's stages take no global slots today), SIGKILL it; returns its
+    round-1 teacher rollouts start, which hold the same slots through flows/rollouts.py), SIGKILL it; returns its
     descendants (pid ->
     start time) as they were just before the kill (its server, its sandboxes), and the Docker owner label value
     of its sandbox containers."""
