@@ -13,24 +13,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from math import comb
 
 from curate.config import CurriculumConfig
 from curate.health import UNHEALTHY_VERIFIER, latest_by_task
 from warehouse.record import SCORED_VERDICTS
+from warehouse.score import pass_at_k  # the one scorer
 
 ALWAYS_PASSED = "always_passed"
 ALWAYS_FAILED = "always_failed"
 UNSEEN = "unseen"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float | None:
-    """Unbiased pass@k from n samples with c successes (Chen et al. 2021); None when n < k."""
-    if n < k or n <= 0:
-        return None
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
 
 
 @dataclass(frozen=True)
@@ -72,8 +63,8 @@ def pass_history(root: str, *, run_id: str, k: int = 4, upto_round: int | None =
         rows = con.execute(sql, params).fetchall()
     finally:
         con.close()
-    return [PassRecord(t, s, int(r), src, int(n), int(c), c / n, pass_at_k(int(n), int(c), k))
-            for t, s, r, src, n, c in rows]
+    return [PassRecord(t, s, int(r), src, int(n), int(c), pass_at_k(int(n), int(c), 1),
+                       pass_at_k(int(n), int(c), k)) for t, s, r, src, n, c in rows]
 
 
 def choose_tasks(history: list[PassRecord], cfg: CurriculumConfig,

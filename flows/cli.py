@@ -82,7 +82,7 @@ def generate(
     for key, val in (("generate.suite", suite), ("generate.split", split), ("generate.n_tasks", n_tasks),
                      ("generate.samples", samples), ("generate.difficulty", difficulty),
                      ("teacher.kind", teacher), ("teacher.base_url", base_url), ("teacher.model", model),
-                     ("sandbox.backend", backend), ("generate.concurrency", concurrency),
+                     ("sandbox.backend", backend), ("rollout.concurrency", concurrency),
                      ("run.run_id", run_id), ("run.out", out)):
         if val is not None:
             overrides.append(f"{key}={json.dumps(val)}")
@@ -530,11 +530,10 @@ def tasks_audit(
     tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize))
     if not tasks:
         raise UsageError(f"{source} holds no tasks; pass a suite name, humaneval, a Harbor folder or a task file")
-    be = open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(2 * workers, 8)))
     try:
-        rows = audit_tasks(tasks, be, k=k, workers=workers)
+        with open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(2 * workers, 8))) as be:
+            rows = audit_tasks(tasks, be, k=k, workers=workers)
     finally:
-        be.shutdown()
         if any(t.verifier.kind == "harbor" for t in tasks):
             from tasks.harbor import shutdown
 

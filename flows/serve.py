@@ -109,7 +109,7 @@ def run_config_of(cfg: FlywheelConfig, flow: str, params: dict[str, Any],
                 f"parameter cfg of deployment {deployment.name} holds the served config; this run passed one "
                 f"without [{'], ['.join(missing)}], which would replace the served values by the defaults: drop "
                 f"cfg and pass the run's own parameters ({', '.join([*RUN_PARAMETERS[flow], 'overrides'])}), e.g. "
-                "--param n_tasks=12 or --param 'overrides=[\"generate.concurrency=4\"]'")
+                "--param n_tasks=12 or --param 'overrides=[\"rollout.concurrency=4\"]'")
     keys = RUN_PARAMETERS[flow]
     return run_config(cfg, {keys[k]: v for k, v in params.items()}, overrides)
 

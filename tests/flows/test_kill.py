@@ -122,7 +122,7 @@ def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = 
     the generate flow, whose run of n_tasks `trigger_served_run` creates) in the background; its stdout and stderr
     go to tmp/OUT.out and tmp/OUT.err (files, not pipes: a leftover child would hold a pipe open, and no full pipe
     can block the command)."""
-    gen = ["--set", f"generate.n_tasks={n_tasks}", "--set", "generate.samples=1", "--set", "generate.concurrency=8",
+    gen = ["--set", f"generate.n_tasks={n_tasks}", "--set", "generate.samples=1", "--set", "rollout.concurrency=8",
            "--set", f"sandbox.backend={json.dumps(backend)}", "--set", f"run.out={json.dumps(str(tmp / out))}"]
     args = {"generate": ["generate", *gen],
             "run": ["run", *gen, "--set", "student.tiny.copy_warmup_steps=0"],  # straight to the rollouts

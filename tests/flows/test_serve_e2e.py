@@ -33,7 +33,7 @@ def write_config(path: Path, lake: Path) -> Path:
     from flows.config import FlywheelConfig
 
     text = (f'[run]\nout = "{lake}"\nmax_workers = 2\n\n'
-            '[generate]\nn_tasks = 2\nsamples = 1\nconcurrency = 2\nbatch_size = 2\n\n'
+            '[generate]\nn_tasks = 2\nsamples = 1\n\n[rollout]\nconcurrency = 2\nbatch_size = 2\n\n'
             '[teacher]\nkind = "reference"\nseed = 1\n\n[sandbox]\nbackend = "docker"\n')
     if "serve" in FlywheelConfig.model_fields:  # the [serve] section, once flows/config.py composes it
         text += ('\n[serve]\nflows = ["generate"]\n\n'

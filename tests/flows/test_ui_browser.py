@@ -41,7 +41,7 @@ def _serve_and_run(prefect_api: str, work: Path):
     lake = work / "lake"
     config = work / "flywheel.toml"
     config.write_text(f'[run]\nout = "{lake}"\nmax_workers = 2\n\n[generate]\nn_tasks = 2\nsamples = 1\n'
-                      'concurrency = 2\n\n[teacher]\nkind = "reference"\n\n[sandbox]\nbackend = "docker"\n')
+                      '\n[rollout]\nconcurrency = 2\n\n[teacher]\nkind = "reference"\n\n[sandbox]\nbackend = "docker"\n')
     log_path = work / "serve.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed by stop()
     proc = subprocess.Popen([FLYWHEEL, "serve", "--config", str(config), "--flow", "generate"], cwd=work,

@@ -127,7 +127,7 @@ def test_sigkill_mid_rollout_then_resume_on_s3(s3, prefect_api, tmp_path):
     that path is tests/flows/test_kill.py's subject."""
     root, n = f"s3://{s3['bucket']}/kill", 40
     argv = [FLYWHEEL, *GENERATE, "--n-tasks", str(n), "--run-id", "s3-kill", "--out", root, "--concurrency", "2",
-            "--set", "generate.batch_size=2", "--set", "limits.enabled=false"]
+            "--set", "rollout.batch_size=2", "--set", "limits.enabled=false"]
     env = {**os.environ, **s3["env"], "PREFECT_API_URL": prefect_api}
     with open(tmp_path / "killed.out", "w") as o, open(tmp_path / "killed.err", "w") as e:
         p = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=o, stderr=e)
