@@ -2,12 +2,15 @@
 
 Each command runs through the installed `flywheel` console script with no PREFECT_API_URL, under three
 arrangements, alternating in rounds so all see the same machine load:
-- `prefect`: Prefect's own temporary server per command (FLYWHEEL_LOCAL_SERVER=0: the behaviour before issue 22);
-- `own`: flywheel's temporary server per command (flows/localserver.py: started in parallel with the command's
-  checks and imports, dies with the command, leases on disk);
-- `shared`: a server started once by `flywheel server start`, found and reused by every command.
-All use one PREFECT_HOME whose database is migrated by a warm-up run first. Reported per command: wall seconds,
-CPU seconds of the command and its children (the server included when it is the command's), and for `generate`
+- `prefect`: Prefect's own temporary server per command (FLYWHEEL_LOCAL_SERVER=0: the behaviour before issue 22,
+  the baseline);
+- `own`: flywheel's temporary server per command (FLYWHEEL_LOCAL_SERVER=own: started in parallel with the
+  command's checks and imports, dies with the command, leases on disk);
+- `shared` (the default): the shared local server, started detached by the first command that needs it and
+  reused by every later one; that first use is reported once, separately. The shared server's own CPU during a
+  command (from /proc, it is not the command's child) is reported as `server_cpu_s`.
+All use one PREFECT_HOME whose database is migrated by a Prefect-mode run first. Reported per command: wall seconds,
+CPU seconds of the command and its children (the server included when it is the command's own), and for `generate`
 the seconds from launch to its first episode on disk (first Parquet file in the lake). Writes JSON (--out).
 
     .venv/bin/python benchmarks/startup.py [--rounds 2] [--out /tmp/flywheel-bench-startup.json]
@@ -37,9 +40,20 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _server_cpu(home: str) -> float | None:
+    """CPU seconds the shared server recorded in PREFECT_HOME has used so far, None when none runs."""
+    try:
+        pid = json.loads((Path(home) / "flywheel-server.json").read_text())["pid"]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, KeyError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_once(argv: list[str], env: dict, lake: Path | None) -> dict:
     """Run one command; wall, CPU and (with a lake) seconds to the first Parquet file under it."""
     first: list[float] = []
+    srv0 = _server_cpu(env["PREFECT_HOME"]) if env.get("FLYWHEEL_LOCAL_SERVER") == "shared" else None
     cpu0, t0 = _children_cpu(), time.monotonic()
     p = subprocess.Popen([FLYWHEEL, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -56,7 +70,9 @@ def run_once(argv: list[str], env: dict, lake: Path | None) -> dict:
     w.join()
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}): {err[-2000:]}")
-    return {"wall_s": wall, "cpu_s": _children_cpu() - cpu0, "first_episode_s": first[0] if first else None}
+    srv1 = _server_cpu(env["PREFECT_HOME"]) if srv0 is not None else None
+    return {"wall_s": wall, "cpu_s": _children_cpu() - cpu0, "first_episode_s": first[0] if first else None,
+            "server_cpu_s": None if srv1 is None else srv1 - srv0}
 
 
 def main() -> None:
@@ -69,10 +85,12 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     base.update(PREFECT_HOME=str(work / "prefect-home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
                 PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    envs = {"prefect": {**base, "FLYWHEEL_LOCAL_SERVER": "0"}, "own": base, "shared": base}
+    envs = {"prefect": {**base, "FLYWHEEL_LOCAL_SERVER": "0"}, "own": {**base, "FLYWHEEL_LOCAL_SERVER": "own"},
+            "shared": {**base, "FLYWHEEL_LOCAL_SERVER": "shared"}}
     lake0 = work / "lake0"
     gen = ["generate", "--n-tasks", "1", "--samples", "1", "--backend", "local"]
-    run_once([*gen, "--out", str(lake0)], base, None)  # warm-up: migrates the database, fills caches
+    run_once([*gen, "--out", str(lake0)], envs["prefect"], None)  # warm-up: migrates the database, fills caches
+    first_use = run_once([*gen, "--out", str(work / "lake-first")], envs["shared"], work / "lake-first")
     commands = {"generate --n-tasks 1": gen, "stats": ["stats", "--root", str(lake0)],
                 "sql": ["sql", "SELECT count(*) FROM trajectories", "--root", str(lake0)],
                 "tasks list": ["tasks", "list"]}
@@ -81,8 +99,6 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for mode in MODES:
-                if mode == "shared":
-                    subprocess.run([FLYWHEEL, "server", "start"], env=base, check=True, capture_output=True)
                 for name, argv in commands.items():
                     lake = None
                     if argv is gen:
@@ -91,8 +107,8 @@ def main() -> None:
                         argv = [*gen, "--out", str(lake)]
                     res[name][mode].append(run_once(argv, envs[mode], lake))
                     print(f"round {r + 1} {mode:>7} {name:<20} {res[name][mode][-1]}", file=sys.stderr)
-                if mode == "shared":
-                    subprocess.run([FLYWHEEL, "server", "stop"], env=base, check=True, capture_output=True)
+                    Path(args.out).write_text(json.dumps({"partial": True, "first_use_shared": first_use,
+                                                          "runs": res}, indent=1))  # kept if the run is cut
     finally:
         subprocess.run([FLYWHEEL, "server", "stop"], env=base, capture_output=True)
 
@@ -103,12 +119,14 @@ def main() -> None:
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:6.1f}"
 
-    print(f"\nmedian of {args.rounds} rounds; seconds. load average at end: {os.getloadavg()[0]:.1f} on "
+    print(f"\nshared server, first use (starts it): wall {first_use['wall_s']:.1f} s, first episode "
+          f"{first_use['first_episode_s'] or float('nan'):.1f} s, CPU of the command {first_use['cpu_s']:.1f} s")
+    print(f"median of {args.rounds} rounds; seconds. load average at end: {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")
     print(f"{'command':<22}{'metric':<16}" + "".join(f"{m:>10}" for m in MODES) + f"{'prefect/shared':>16}")
     summary: dict = {}
     for name in commands:
-        for key in ("wall_s", "cpu_s", "first_episode_s"):
+        for key in ("wall_s", "cpu_s", "server_cpu_s", "first_episode_s"):
             vals = {m: med(res[name][m], key) for m in MODES}
             if all(v is None for v in vals.values()):
                 continue
@@ -116,7 +134,8 @@ def main() -> None:
             summary.setdefault(name, {})[key] = {**vals, "ratio_prefect_over_shared": ratio}
             print(f"{name:<22}{key:<16}" + "".join(f"{f(vals[m]):>10}" for m in MODES)
                   + f"{'-' if ratio is None else f'{ratio:.1f}x':>16}")
-    Path(args.out).write_text(json.dumps({"rounds": args.rounds, "summary": summary, "runs": res}, indent=1))
+    Path(args.out).write_text(json.dumps({"rounds": args.rounds, "first_use_shared": first_use,
+                                          "load_average_end": os.getloadavg(), "summary": summary, "runs": res}, indent=1))
     print(f"wrote {args.out}")
 
 

@@ -120,6 +120,22 @@ class MixConfig(BaseModel):
     seed: int = Field(default=0, description="Seed of the deterministic choice among rows when a cap or share bites.")
 
 
+class VerifierHealthConfig(BaseModel):
+    """Which tasks' verifiers count as healthy (`flywheel tasks audit` rows); curation skips the others' rows."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(default=True, description="Skip the rows of tasks whose latest audit is unhealthy.")
+    min_mutant_kill_rate: float = Field(default=0.5, ge=0, le=1,
+                                        description="Least share of the oracle's mutants the verifier must fail "
+                                                    "(tasks without mutants are not held to it).")
+    max_flake_rate: float = Field(default=0.0, ge=0, le=1,
+                                  description="Most share of re-grades of the oracle's final state that may "
+                                              "disagree with the oracle episode's verdict.")
+    require_audit: bool = Field(default=False,
+                                description="Also skip rows of tasks that have no audit row (off: unaudited "
+                                            "tasks are kept, and counted as unaudited).")
+
+
 class CurateConfig(BaseModel):
     """Everything that decides which trajectories a round's training snapshot holds."""
 
@@ -128,6 +144,8 @@ class CurateConfig(BaseModel):
     dedup: DedupConfig = Field(default_factory=DedupConfig, description="Exact and near-duplicate removal.")
     decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="Held-out decontamination.")
     mix: MixConfig = Field(default_factory=MixConfig, description="Source mixing, caps and difficulty balance.")
+    verifier_health: VerifierHealthConfig = Field(default_factory=VerifierHealthConfig,
+                                                  description="Skip rows of tasks whose verifier audit is unhealthy.")
     include_earlier_rounds: bool = Field(
         default=True,
         description="Candidates are the run's rows of this round and of every earlier round (so earlier student "
@@ -165,6 +183,9 @@ class CurriculumConfig(BaseModel):
     """How the next round's tasks are chosen from the pass@k history."""
 
     model_config = ConfigDict(extra="forbid")
+    verifier_health: VerifierHealthConfig = Field(
+        default_factory=VerifierHealthConfig,
+        description="GRPO leaves out tasks whose latest verifier audit is unhealthy by these thresholds.")
     k: int = Field(default=4, ge=1, description="k of the pass@k reported per task and round.")
     teacher_below: float = Field(
         default=0.5, ge=0.0, le=1.0,

@@ -4,30 +4,24 @@ History comes from the lake's trajectories view (train split, scored verdicts on
 about the model), per task, round and source. The next round's teacher tasks are those the student fails (its
 success rate in the latest round it attempted the task is below a threshold, or it never attempted it); GRPO
 tasks are those whose student outcomes were mixed, since a task always passed or always failed gives every
-sample the same reward and so zero advantage. This module writes nothing.
+sample the same reward and so zero advantage; and GRPO leaves out tasks whose latest `flywheel tasks audit` row is
+unhealthy by cfg.verifier_health (grpo_dropped: "unhealthy_verifier: REASON"), since a broken verifier's reward
+teaches the wrong thing. This module writes nothing.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from math import comb
 
 from curate.config import CurriculumConfig
+from curate.health import UNHEALTHY_VERIFIER, latest_by_task
 from warehouse.record import SCORED_VERDICTS
+from warehouse.score import pass_at_k  # the one scorer
 
 ALWAYS_PASSED = "always_passed"
 ALWAYS_FAILED = "always_failed"
 UNSEEN = "unseen"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float | None:
-    """Unbiased pass@k from n samples with c successes (Chen et al. 2021); None when n < k."""
-    if n < k or n <= 0:
-        return None
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
 
 
 @dataclass(frozen=True)
@@ -69,8 +63,8 @@ def pass_history(root: str, *, run_id: str, k: int = 4, upto_round: int | None =
         rows = con.execute(sql, params).fetchall()
     finally:
         con.close()
-    return [PassRecord(t, s, int(r), src, int(n), int(c), c / n, pass_at_k(int(n), int(c), k))
-            for t, s, r, src, n, c in rows]
+    return [PassRecord(t, s, int(r), src, int(n), int(c), pass_at_k(int(n), int(c), 1),
+                       pass_at_k(int(n), int(c), k)) for t, s, r, src, n, c in rows]
 
 
 def choose_tasks(history: list[PassRecord], cfg: CurriculumConfig,
@@ -113,5 +107,15 @@ def choose_tasks(history: list[PassRecord], cfg: CurriculumConfig,
 
 def plan_curriculum(root: str, cfg: CurriculumConfig, *, run_id: str, upto_round: int | None = None,
                     task_ids: list[str] | None = None) -> CurriculumPlan:
-    """The next round's teacher and GRPO tasks from the run's history up to upto_round (all rounds: None)."""
-    return choose_tasks(pass_history(root, run_id=run_id, k=cfg.k, upto_round=upto_round), cfg, task_ids)
+    """The next round's teacher and GRPO tasks from the run's history up to upto_round (all rounds: None), GRPO's
+    without the tasks whose verifier is unhealthy."""
+    plan = choose_tasks(pass_history(root, run_id=run_id, k=cfg.k, upto_round=upto_round), cfg, task_ids)
+    if cfg.verifier_health.enabled and plan.grpo_tasks:
+        health = latest_by_task(root, plan.grpo_tasks, cfg.verifier_health)
+        for tid in list(plan.grpo_tasks):
+            why = health.get(tid, "never audited (verifier_health.require_audit)"
+                             if cfg.verifier_health.require_audit else None)
+            if why is not None:
+                plan.grpo_tasks.remove(tid)
+                plan.grpo_dropped[tid] = f"{UNHEALTHY_VERIFIER}: {why}"
+    return plan

@@ -3,7 +3,10 @@
 `curate` is the plain function the `flywheel curate` command and the Prefect flow call. In order it
   1. imports the configured human demonstrations (idempotent; invalid records are counted, not fatal),
   2. reads the run's candidate rows (this round, and earlier rounds unless configured otherwise),
-  3. drops rows already trained on in an earlier round's snapshot (reuse_sources excepted),
+  3. drops rows already trained on in an earlier round's snapshot (reuse_sources excepted), then the rows of tasks
+     whose verifier is unhealthy by their latest `flywheel tasks audit` row (curate/health.py; outcome
+     unhealthy_verifier, each such task named with its reason in `skipped_tasks`; with require_audit, rows of
+     tasks never audited too, as unaudited_verifier),
   4. applies the quality filters (held-out split, verdict, hack flags, tool-call validity, size limits),
   5. decontaminates against the held-out tasks,
   6. removes exact and near-duplicates, within the candidates and against earlier snapshots' rows,
@@ -26,6 +29,7 @@ from curate.decontam import find_contamination
 from curate.dedup import dedup_rows
 from curate.demos import import_demos
 from curate.filters import filter_rows
+from curate.health import UNAUDITED, UNHEALTHY_VERIFIER, task_health
 from curate.mixing import mix, write_snapshot
 from tasks.spec import Task
 from warehouse.record import Trajectory, from_dict
@@ -62,6 +66,9 @@ class CurateResult(BaseModel):
     contaminated_by: dict[str, str] = Field(description="Dropped contaminated id -> held-out task id.")
     contamination: dict[str, str] = Field(
         default_factory=dict, description="Dropped contaminated id -> 'rule:held-out task id' (curate/decontam.py).")
+    skipped_tasks: dict[str, str] = Field(
+        default_factory=dict, description="Task id -> why its verifier is unhealthy (its rows were skipped).")
+    unaudited_tasks: int = Field(default=0, description="Candidate tasks with no verifier_health row.")
     demos_written: int = 0
     demo_errors: list[str] = Field(default_factory=list, description="One line per problem of a rejected demo.")
 
@@ -97,6 +104,9 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
                    "WHERE d.run_id = ? AND d.round < ?")
         prior = _read(con, f"SELECT * FROM trajectories WHERE trajectory_id IN ({earlier}) ORDER BY trajectory_id",
                       [run_id, round])
+        health = (task_health(con, {(r.task_id, r.task_version, r.verifier_version) for r in candidates
+                                    if r.source != "human"}, cfg.verifier_health)
+                  if cfg.verifier_health.enabled else {})
         parent = con.execute("SELECT snapshot_id FROM datasets WHERE run_id = ? AND round < ? "
                              "ORDER BY round DESC, created_at DESC, snapshot_id LIMIT 1", [run_id, round]).fetchall()
     finally:
@@ -116,6 +126,27 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
     else:
         prior, rows = [], list(candidates)
 
+    skipped_tasks: dict[str, str] = {}
+    unaudited: set[str] = set()
+    if cfg.verifier_health.enabled:
+        kept = []
+        for r in rows:
+            key = (r.task_id, r.task_version, r.verifier_version)
+            if r.source == "human":
+                kept.append(r)
+            elif key not in health:
+                unaudited.add(r.task_id)
+                if cfg.verifier_health.require_audit:
+                    outcomes[r.trajectory_id] = UNAUDITED
+                    skipped_tasks[r.task_id] = "never audited (verifier_health.require_audit)"
+                else:
+                    kept.append(r)
+            elif (why := health[key]) is not None:
+                outcomes[r.trajectory_id] = UNHEALTHY_VERIFIER
+                skipped_tasks[r.task_id] = why
+            else:
+                kept.append(r)
+        rows = kept
     rows, dropped = filter_rows(rows, cfg.filters)
     outcomes.update(dropped)
     hits = find_contamination(rows, heldout_tasks, cfg.decontam)
@@ -148,6 +179,7 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
         "table": [c.model_dump() for c in counts], "n_candidates": len(candidates),
         "heldout_tasks": len(heldout_tasks), "heldout_ids_sha256": heldout_digest,
         "contamination": contamination, "invalid_demos": demo_errors,
+        "skipped_tasks": dict(sorted(skipped_tasks.items())), "unaudited_tasks": len(unaudited),
     }
     parent_id = parent[0][0] if parent else None
     sid, path = write_snapshot(root, run_id=run_id, round=round, selected=mixed.selected, cfg_hash=cfg_hash,
@@ -158,5 +190,5 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
         selected_by_source=selected_by_source, selected_by_suite=selected_by_suite,
         dropped_by_reason=dropped_by_reason, counts=counts, outcomes=outcomes, duplicate_of=duplicate_of,
         contaminated_by=contaminated_by, contamination=contamination, demos_written=demos_written,
-        demo_errors=demo_errors,
+        demo_errors=demo_errors, skipped_tasks=dict(sorted(skipped_tasks.items())), unaudited_tasks=len(unaudited),
     )

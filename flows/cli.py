@@ -18,7 +18,8 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="flywheel: teacher rollouts in sandboxes -> verified trajectories -> SFT -> GRPO -> repeat.")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes; build the sandbox image.")
-tasks_app = typer.Typer(no_args_is_help=True, help="Built-in suites and task files: list, show, validate, export.")
+tasks_app = typer.Typer(no_args_is_help=True,
+                        help="Built-in suites and task files: list, show, validate, export, import, audit.")
 demos_app = typer.Typer(no_args_is_help=True, help="Human demonstrations: import into the lake.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(tasks_app, name="tasks")
@@ -81,7 +82,7 @@ def generate(
     for key, val in (("generate.suite", suite), ("generate.split", split), ("generate.n_tasks", n_tasks),
                      ("generate.samples", samples), ("generate.difficulty", difficulty),
                      ("teacher.kind", teacher), ("teacher.base_url", base_url), ("teacher.model", model),
-                     ("sandbox.backend", backend), ("generate.concurrency", concurrency),
+                     ("sandbox.backend", backend), ("rollout.concurrency", concurrency),
                      ("run.run_id", run_id), ("run.out", out)):
         if val is not None:
             overrides.append(f"{key}={json.dumps(val)}")
@@ -151,15 +152,15 @@ def _cfg(config: Optional[Path], out: Optional[str], set_: Optional[list[str]], 
 
 
 def _start_server() -> None:
-    """Start this command's temporary Prefect server now, in parallel with the checks and imports that follow,
-    when no PREFECT_API_URL is set (flows/localserver.py: it dies with the command, killed or not)."""
+    """With no PREFECT_API_URL: find the shared local Prefect server, or start it now (detached, in parallel with
+    the checks and imports that follow); flows/localserver.py."""
     from flows import localserver
 
     localserver.start()
 
 
 def _server_ready() -> None:
-    """Wait for the server of `_start_server` (and release slots that dead commands held) before the flow."""
+    """Wait for the server of `_start_server` to answer (and release slots that dead commands held)."""
     from flows import localserver
 
     localserver.wait_ready()
@@ -194,8 +195,8 @@ def curate(
 
 
 def _print_curation(root: str, snapshot_id: str) -> None:
-    """The snapshot's counts by source, verdict and outcome, each contamination's rule and held-out task, and every
-    invalid demo, from its datasets row."""
+    """The snapshot's counts by source, verdict and outcome, each contamination's rule and held-out task, every
+    invalid demo and every task skipped for an unhealthy verifier, from its datasets row."""
     from warehouse.query import connect
 
     con = connect(root)
@@ -212,6 +213,10 @@ def _print_curation(root: str, snapshot_id: str) -> None:
         print(f"contaminated {tid}: rule {rule} against held-out task {held}")
     for err in counts.get("invalid_demos", []):
         print(f"invalid demo: {err}")
+    for tid, why in sorted(counts.get("skipped_tasks", {}).items()):
+        print(f"skipped task {tid}: verifier unhealthy ({why}); see flywheel tasks audit")
+    if counts.get("unaudited_tasks"):
+        print(f"{counts['unaudited_tasks']} task(s) have no verifier audit (flywheel tasks audit SUITE)")
 
 
 @train_app.command("sft")
@@ -492,6 +497,75 @@ def tasks_import(
     print(f"ok: run it with: flywheel generate --suite {path} --teacher reference --backend docker")
 
 
+@tasks_app.command("audit")
+def tasks_audit(
+    source: Annotated[str, typer.Argument(help="Suite name, humaneval, a Harbor folder or a task file.")],
+    root: Root = "runs/default",
+    n: Annotated[Optional[int], typer.Option(help="How many tasks (the first N; default: all of a file, folder or "
+                                                  "humaneval, 50 of a built-in suite).")] = None,
+    k: Annotated[int, typer.Option(help="Re-grades of the oracle's final state (flakiness).")] = 3,
+    workers: Annotated[int, typer.Option(help="Tasks audited at once.")] = 4,
+    backend: Annotated[str, typer.Option(help="Sandbox backend: docker, local or auto.")] = "auto",
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Also write the rows as JSON to this file.")]
+    = None,
+    no_lake: Annotated[bool, typer.Option("--no-lake", help="Print only; write no verifier_health rows.")] = False,
+) -> None:
+    """Audit each task's verifier: the oracle must pass, a null agent must fail, mutants of the oracle's code
+    should fail, K re-grades must agree. Rows go to the lake's verifier_health table (flywheel sql reads it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from agents.audit import audit_tasks
+    from curate.config import VerifierHealthConfig
+    from curate.health import unhealthy_reason
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+    from tasks.cli import tasks_show as _load
+    from warehouse.lake import write_rows
+
+    if (n is not None and n < 1) or k < 0 or workers < 1:
+        raise UsageError(f"--n and --workers must be at least 1 and --k at least 0 (got n={n}, k={k}, "
+                         f"workers={workers})")
+    builtin = not Path(source).exists() and source != "humaneval"
+    tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize))
+    if not tasks:
+        raise UsageError(f"{source} holds no tasks; pass a suite name, humaneval, a Harbor folder or a task file")
+    try:
+        with open_backend(SandboxConfig(backend=backend), pool_size=max(2, min(2 * workers, 8))) as be:
+            rows = audit_tasks(tasks, be, k=k, workers=workers)
+    finally:
+        if any(t.verifier.kind == "harbor" for t in tasks):
+            from tasks.harbor import shutdown
+
+            shutdown()
+    th = VerifierHealthConfig()
+    why = {r.task_id: unhealthy_reason(r.model_dump(), th) for r in rows}
+    t = Table(title=f"verifier health of {len(rows)} task(s) from {source}")
+    for col in ("task", "verifier", "oracle", "null", "mutants killed", "kill rate", "flake rate", "wall s",
+                "healthy"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.task_id, f"{r.verifier} v{r.verifier_version}", "pass" if r.oracle_pass else "FAIL",
+                  "PASS" if r.null_pass else "fail", f"{r.mutants_killed}/{r.n_mutants}",
+                  "-" if r.mutant_kill_rate is None else f"{r.mutant_kill_rate:.2f}", f"{r.flake_rate:.2f}",
+                  f"{r.wall_s:.1f}", "yes" if why[r.task_id] is None else f"no: {why[r.task_id]}")
+    Console(width=180).print(t)
+    n_mut = sum(r.n_mutants for r in rows)
+    killed = sum(r.mutants_killed for r in rows)
+    bad = [tid for tid, w in why.items() if w is not None]
+    print(f"oracle passes {sum(r.oracle_pass for r in rows)}/{len(rows)}; null agent passes "
+          f"{sum(r.null_pass for r in rows)}/{len(rows)}; mutant kill rate "
+          + (f"{killed}/{n_mut} = {killed / n_mut:.3f}" if n_mut else "- (no mutants)")
+          + f"; flaky {sum(r.flake_rate > 0 for r in rows)}; unhealthy {len(bad)}"
+          + (f": {', '.join(bad)}" if bad else ""))
+    if json_out:
+        Path(json_out).write_text(json.dumps([r.model_dump() for r in rows], indent=1) + "\n")
+        print(f"wrote {json_out}")
+    if not no_lake:
+        path = write_rows(root, "verifier_health", [r.model_dump() for r in rows])
+        print(f"wrote {len(rows)} verifier_health row(s) to {path}")
+
+
 @demos_app.command("import")
 def demos_import(
     paths: Annotated[list[str], typer.Argument(help="JSONL, Parquet or datasets folders of chat demos, or ATIF "
@@ -585,25 +659,44 @@ def sandbox_build_image(
 
 
 @server_app.command("start")
-def server_start(port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None
-                 ) -> None:
-    """Start a local Prefect server (UI included) that outlives this command; later commands without
-    PREFECT_API_URL use it instead of starting a temporary server each (found through PREFECT_HOME)."""
+def server_start(
+    port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None,
+    idle_timeout: Annotated[Optional[float], typer.Option(
+        "--idle-timeout", help="Seconds without API requests and client commands after which the server stops "
+                               "itself (default FLYWHEEL_SERVER_IDLE_S or 900; 0: never).")] = None,
+) -> None:
+    """Start the local Prefect server (UI included) that commands without PREFECT_API_URL reuse; they also start
+    it on first use. It outlives this command, found through PREFECT_HOME/flywheel-server.json."""
     from flows import localserver
 
     if os.environ.get("PREFECT_API_URL"):
         raise UsageError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): commands use that server; "
                          "unset it to use a local one")
-    st = localserver.start_shared(port)
-    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}); UI: {st['url'].removesuffix('/api')}")
+    if idle_timeout is not None and idle_timeout < 0:
+        raise UsageError(f"--idle-timeout must be 0 (never) or more seconds, not {idle_timeout}")
+    st = localserver.start_shared(port, idle_timeout)
+    if port and not st["url"].endswith(f":{port}/api"):
+        print(f"note: a local server runs already on {st['url']}; stop it first to use port {port}",
+              file=sys.stderr)
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}); "
+          f"UI: {st['url'].removesuffix('/api')}")
+
+
+def _idle_words(st: dict) -> str:
+    idle = float(st.get("idle_s") or 0)
+    return f"stops after {idle:.0f} s idle" if idle else "no idle timeout"
 
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the local server of `flywheel server start`."""
+    """Stop the local server (and release nothing else: runs and slots are kept in PREFECT_HOME's database)."""
     from flows import localserver
 
+    users = localserver.live_clients()
     st = localserver.stop_shared()
+    if st and users:
+        print(f"warning: stopped while {len(users)} command(s) used it (pid {', '.join(u.split('-')[0] for u in users)})",
+              file=sys.stderr)
     print(f"stopped: {st['url']} (pid {st['pid']})" if st else "not running")
 
 
@@ -616,7 +709,9 @@ def server_status() -> None:
     if not st:
         print("not running")
         raise typer.Exit(1)
-    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']})")
+    users = localserver.live_clients()
+    print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}, {len(users)} client "
+          "command(s))")
 
 
 def _register_ops_commands() -> None:
@@ -660,18 +755,32 @@ def main() -> None:
         # standalone_mode=False: typer.Exit(n) comes back as the return value, errors are raised to us
         rv = app(standalone_mode=False)
     except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
+        _stop_server_if_unused()
         print("aborted", file=sys.stderr)
         sys.exit(130)
     except (tclick.ClickException, click.exceptions.ClickException) as e:
+        _stop_server_if_unused()
         sys.exit(_usage_exit(e))
     except (typer.Exit, click.exceptions.Exit) as e:
+        if e.exit_code:
+            _stop_server_if_unused()
         sys.exit(e.exit_code)
     except Exception as e:
+        _stop_server_if_unused()
         if _is_known(e):
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
+    if rv not in (None, 0):
+        _stop_server_if_unused()
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _stop_server_if_unused() -> None:
+    """A command that failed stops the shared server it started, unless another command uses it."""
+    mod = sys.modules.get("flows.localserver")
+    if mod is not None:
+        mod.stop_if_unused()
 
 
 if __name__ == "__main__":

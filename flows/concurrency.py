@@ -22,7 +22,7 @@ does not import prefect (the config loader imports `LimitsConfig`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -52,7 +52,7 @@ class LimitsConfig(BaseModel):
     gpu_slots: int = Field(default=1, ge=0, description="GPUs that training and in-process inference may hold at "
                            "once, across all flow runs on this Prefect server (0 blocks every GPU stage).")
     sandbox_slots: int = Field(default=8, ge=0, description="Sandboxes that rollouts may keep open at once, across "
-                               "all flow runs (each rollout chunk holds generate.concurrency of them).")
+                               "all flow runs (each rollout holds rollout.concurrency of them).")
     endpoint_slots: int = Field(default=16, ge=0, description="Requests in flight to any ONE OpenAI-compatible "
                                 "endpoint, across all flow runs (one limit per host:port, made on first use).")
     enabled: bool = Field(default=True, description="Take slots from the Prefect server's global concurrency "
@@ -167,16 +167,19 @@ def endpoint_slots(limits: LimitsConfig, base_url: str, n: int, timeout_s: float
 
 
 @contextmanager
-def rollout_slots(limits: LimitsConfig, policy_cfg: PolicyConfig, n_in_flight: int,
+def rollout_slots(limits: LimitsConfig, policy_cfg: PolicyConfig | Sequence[PolicyConfig], n_in_flight: int,
                   timeout_s: float | None = None) -> Iterator[None]:
-    """The slots a rollout chunk holds: n sandboxes, plus n requests of an `openai` policy's endpoint, or one GPU
-    for a `vllm` policy (in-process engine). `reference` and `transformers` (CPU) policies hold no policy slot."""
+    """The slots a rollout holds: n sandboxes, plus n requests of each `openai` policy's endpoint (one limit per
+    host:port, however many policies share it), and one GPU per `vllm` policy (in-process engine). `reference`
+    and `transformers` (CPU) policies hold no policy slot; a mixture of teachers passes all its policies."""
+    cfgs = [policy_cfg] if not isinstance(policy_cfg, Sequence) else list(policy_cfg)
+    endpoints = sorted({c.base_url for c in cfgs if c.kind == "openai" and c.base_url}, key=endpoint_limit_name)
     with ExitStack() as stack:
         stack.enter_context(sandbox_slots(limits, n_in_flight, timeout_s))
-        if policy_cfg.kind == "openai" and policy_cfg.base_url:
-            stack.enter_context(endpoint_slots(limits, policy_cfg.base_url, n_in_flight, timeout_s))
-        elif policy_cfg.kind == "vllm":
-            stack.enter_context(gpu_slot(limits, 1, timeout_s))
+        for url in {endpoint_limit_name(u): u for u in endpoints}.values():
+            stack.enter_context(endpoint_slots(limits, url, n_in_flight, timeout_s))
+        if gpus := sum(c.kind == "vllm" for c in cfgs):
+            stack.enter_context(gpu_slot(limits, gpus, timeout_s))
         yield
 
 

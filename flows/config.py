@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tomllib
+import typing
 import zoneinfo
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,14 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agents.config import PolicyConfig
+from agents.config import MixtureConfig, PolicyConfig
 from agents.reference import ReferenceNoise
 from curate.config import CurateConfig, CurriculumConfig
 from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
-from training.config import GRPOConfig, SFTConfig, TinyModelConfig
+from tasks.judge import JudgeConfig
+from tasks.rewards import RewardConfig
+from training.config import DiagnosticsThresholds, GRPOConfig, SFTConfig, TinyModelConfig
 
 
 def _shipped_demos() -> list[str]:
@@ -176,13 +179,22 @@ class GenerateConfig(BaseModel):
     n_tasks: int = Field(default=50, gt=0, description="How many tasks to draw from the suite.")
     samples: int = Field(default=2, gt=0, description="Episodes per task.")
     difficulty: int = Field(default=1, ge=1, le=3, description="Difficulty level of built-in suites.")
-    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode before it is cut off.")
-    concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once.")
-    batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
-    infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error.")
     round: int = Field(default=0, ge=0, description="Round number recorded on the rows.")
     chunks: int = Field(default=1, ge=1, description="Split the tasks into this many Prefect tasks (parallel on "
                         "the task runner: threads, or Ray workers with run.ray_address).")
+
+
+class RolloutConfig(BaseModel):
+    """The `[rollout]` section: how every stage runs episodes into the lake (generate's chunks, the flywheel's
+    teacher, baseline and student stages, evaluate), through the one path in flows/rollouts.py."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once in one rollout; it holds "
+                             "that many flywheel-sandbox slots (and endpoint slots for an openai policy).")
+    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode before it is cut off.")
+    batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
+    infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error "
+                               "(never counted as the model's failure).")
 
 
 class SuiteStep(BaseModel):
@@ -239,8 +251,12 @@ class StudentConfig(BaseModel):
 
 
 def _sections() -> dict[str, type[BaseModel]]:
-    """Section name -> model, from the fields of FlywheelConfig."""
-    return {name: f.annotation for name, f in FlywheelConfig.model_fields.items()}  # type: ignore[misc]
+    """Section name -> model, from the fields of FlywheelConfig (an optional section: its model)."""
+    out = {}
+    for name, f in FlywheelConfig.model_fields.items():
+        models = [a for a in typing.get_args(f.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        out[name] = models[0] if models else f.annotation
+    return out  # type: ignore[return-value]
 
 
 class FlywheelConfig(BaseModel):
@@ -249,10 +265,21 @@ class FlywheelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run: RunConfig = Field(default_factory=RunConfig, description="Run id, lake root, seed, task runner.")
     generate: GenerateConfig = Field(default_factory=GenerateConfig, description="`generate`: suite, tasks, "
-                                     "samples, concurrency.")
+                                     "samples, chunks.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Episodes of every stage: "
+                                   "concurrency, turns, batch size, infra retries.")
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(noise=OFFLINE_TEACHER_NOISE),
                                   description="The teacher policy (offline default: reference replay with noise "
                                               "and injected hacks so the filters have work).")
+    teacher_mixture: MixtureConfig | None = Field(default=None, description="Several teachers in one run, each "
+                                                  "(task, sample) assigned to one by weight; set, it replaces "
+                                                  "[teacher] in every teacher stage (generate, the flywheel's "
+                                                  "teacher and baseline). Empty: [teacher] alone.")
+    rewards: RewardConfig = Field(default_factory=RewardConfig, description="Weights of the reward's parts, on "
+                                  "every rollout's rows and in GRPO (default: the outcome alone).")
+    judge: JudgeConfig | None = Field(default=None, description="The LLM judge of tasks whose verifier is "
+                                      "llm_judge, in every rollout; empty: such episodes cannot be verified "
+                                      "(VerifierUnavailable, retried as infra_error, never scored).")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Sandbox backend and limits.")
     student: StudentConfig = Field(default_factory=StudentConfig, description="Base student and its generation.")
     flywheel: FlywheelSection = Field(default_factory=FlywheelSection, description="Rounds and suite schedule.")
@@ -270,6 +297,8 @@ class FlywheelConfig(BaseModel):
     grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=8, num_generations=4, prompts_per_step=2,
                                                                       learning_rate=1e-4),
                              description="GRPO (TRL GRPOTrainer) in our sandboxes; small on the CPU default.")
+    diagnostics: DiagnosticsThresholds = Field(default_factory=DiagnosticsThresholds, description="When GRPO's "
+                                               "per-step diagnostics warn (training/diagnostics.py).")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="`flywheel serve`: deployments, schedules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Prefect global concurrency limits.")
 
@@ -315,6 +344,10 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     node[parts[-1]] = _parse_value(raw.strip())
 
 
+# Keys that moved to another section: the error names the new key instead of only listing the section's keys.
+MOVED_KEYS = {f"generate.{k}": f"rollout.{k}" for k in ("concurrency", "max_turns", "batch_size", "infra_retries")}
+
+
 def _check_keys(data: dict[str, Any], origin: str) -> None:
     sections = _sections()
     for name, body in data.items():
@@ -324,6 +357,9 @@ def _check_keys(data: dict[str, Any], origin: str) -> None:
             raise ConfigError(f"[{name}] in {origin} must be a table of keys")
         fields = sections[name].model_fields
         for k in body:
+            if f"{name}.{k}" in MOVED_KEYS:
+                raise ConfigError(f"config key '{name}.{k}' in {origin} is now '{MOVED_KEYS[f'{name}.{k}']}' "
+                                  f"(one setting for the rollouts of every stage); rename it")
             if k not in fields:
                 raise ConfigError(
                     f"unknown config key '{name}.{k}' in {origin}; known keys in [{name}]: {', '.join(fields)}")

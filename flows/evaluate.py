@@ -1,7 +1,10 @@
-"""Prefect flow `evaluate`: score a model on the held-out split of the schedule's suites; rows land in the lake.
+"""Prefect flow `evaluate`: score a model on the held-out split of the schedule's suites; and the scoring stages of
+the flywheel's rounds (`stage_baseline` in round 0, `stage_student` after each round's training).
 
-Wiring only: the model runs as a TransformersPolicy through the real episode loop (agents.rollout) in sandboxes,
-and the pass rates land in the rounds table with subject `eval`.
+Wiring only: a model runs as a TransformersPolicy through the one rollout-to-lake path (flows/rollouts.py: slots,
+sandboxes, [rollout] knobs, rows in the lake), and the one scorer (warehouse/score.py, through
+flows.stages.score_rows) puts pass@1 and pass@k per suite into the rounds table. Every task here retries only on
+transient infrastructure errors (`ENDPOINT_RETRIES`); a retry skips the rows already written.
 """
 
 from __future__ import annotations
@@ -11,19 +14,82 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
+from flows.concurrency import ENDPOINT_RETRIES
 from flows.config import FlywheelConfig
-from flows.flywheel import student_policy, suite_tasks, rollout_rows, score_rows
+from flows.rollouts import (
+    build_teacher,
+    heldout_tasks,
+    rollout_backend,
+    rollout_rows,
+    schedule_train_tasks,
+    student_policy,
+    teacher_configs,
+)
+from flows.stages import StageTimer, metric, score_rows
 
 
-@task(name="evaluate")
-def evaluate_task(cfg: FlywheelConfig, model: str, run_id: str, round: int, name: str) -> list[dict[str, Any]]:
-    from sandbox.backend import open_backend
+@task(name="score-base-and-teacher", **ENDPOINT_RETRIES)
+def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str, Any]:
+    """Held-out pass@1 of the base student and of the teacher, round 0."""
     from warehouse.lake import write_rows
 
-    heldout = [t for step in cfg.flywheel.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
-    with open_backend(cfg.sandbox, pool_size=min(cfg.generate.concurrency, 8)) as backend:
-        rows = rollout_rows(cfg, heldout, student_policy(cfg, model, name, temperature=0.0), run_id=run_id,
-                            round=round, samples=1, backend=backend)
+    timer = StageTimer()
+    heldout = heldout_tasks(cfg)
+    score = {"run_id": run_id, "round": 0, "stage": "eval", "split": "heldout"}
+    with rollout_backend(cfg, []) as backend:
+        base = student_policy(cfg, base_path, "base", temperature=0.0)
+        rows = rollout_rows(cfg, heldout, base, run_id=run_id, round=0, samples=1, backend=backend)
+        metrics = score_rows(rows, subject="base", **score)
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        rows = rollout_rows(cfg, heldout, build_teacher(cfg), run_id=run_id, round=0, samples=1,
+                            backend=backend)
+        metrics += score_rows(rows, subject="teacher", **score)
+    metrics.append(metric(run_id, 0, "baseline", "stage", "-", "all", "wall_s", timer.s))
+    write_rows(cfg.run.out, "rounds", metrics)
+    return {"wall_s": timer.s, "metrics": len(metrics)}
+
+
+@task(name="student-rollouts", **ENDPOINT_RETRIES)
+def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[str, Any]) -> dict[str, Any]:
+    """Score the new student on every suite's held-out split (greedy pass@1, sampled pass@k); roll it out on the
+    train tasks (next round's data)."""
+    from warehouse.lake import write_rows
+
+    timer = StageTimer()
+    fw = cfg.flywheel
+    heldout = heldout_tasks(cfg)
+    train = schedule_train_tasks(cfg, lambda from_round: from_round <= round)[: fw.student_train_tasks]
+    name = f"student-r{round}"
+    score = {"run_id": run_id, "round": round, "subject": "student"}
+    with rollout_backend(cfg, []) as backend:
+        greedy = student_policy(cfg, student["path"], name, temperature=0.0)
+        rows = rollout_rows(cfg, heldout, greedy, run_id=run_id, round=round, samples=1, backend=backend)
+        metrics = score_rows(rows, stage="eval", split="heldout", **score)
+        if fw.pass_k > 1:
+            sampled = student_policy(cfg, student["path"], f"{name}-t{fw.sample_temperature:g}",
+                                     temperature=fw.sample_temperature, seed=round)
+            rows = rollout_rows(cfg, heldout, sampled, run_id=run_id, round=round, samples=fw.pass_k,
+                                backend=backend)
+            metrics += score_rows(rows, stage="eval", split="heldout", k=fw.pass_k, **score)
+        if fw.student_train_samples > 0 and round < fw.rounds:
+            explore = student_policy(cfg, student["path"], f"{name}-train", temperature=fw.sample_temperature,
+                                     seed=1000 + round)
+            rows = rollout_rows(cfg, train, explore, run_id=run_id, round=round,
+                                samples=fw.student_train_samples, backend=backend)
+            metrics += score_rows(rows, stage="student", split="train", **score)
+    metrics.append(metric(run_id, round, "student", "stage", "-", "all", "wall_s", timer.s))
+    write_rows(cfg.run.out, "rounds", metrics)
+    return {"wall_s": timer.s}
+
+
+@task(name="evaluate", **ENDPOINT_RETRIES)
+def evaluate_task(cfg: FlywheelConfig, model: str, run_id: str, round: int, name: str) -> list[dict[str, Any]]:
+    """Greedy held-out pass@1 of `model` per suite; the rows and the scores land in the lake."""
+    from warehouse.lake import write_rows
+
+    with rollout_backend(cfg, []) as backend:
+        rows = rollout_rows(cfg, heldout_tasks(cfg), student_policy(cfg, model, name, temperature=0.0),
+                            run_id=run_id, round=round, samples=1, backend=backend)
     metrics = score_rows(rows, run_id=run_id, round=round, stage="eval", subject="eval", split="heldout")
     write_rows(cfg.run.out, "rounds", metrics)
     return [m for m in metrics if m["metric"].startswith("pass@")]
@@ -40,12 +106,12 @@ def evaluate_flow(cfg: FlywheelConfig, model: str, run_id: str = "eval", round: 
         run_id: The run id its score rows are recorded under.
         round: The round its score rows are recorded under.
         name: The policy name on its rows.
-        overrides: Config keys as section.key=value (e.g. generate.concurrency=4), laid over the served config.
+        overrides: Config keys as section.key=value (e.g. rollout.concurrency=4), laid over the served config.
     """
     from flows.serve import run_config_of
 
     cfg = run_config_of(cfg, "evaluate", {}, overrides)
-    scores = evaluate_task(cfg, model, run_id, round, name)
+    scores = evaluate_task(cfg=cfg, model=model, run_id=run_id, round=round, name=name)
     create_table_artifact(key="evaluate-scores", table=[{"suite": m["suite"], "pass@1": m["value"]}
                                                         for m in scores], description=f"held-out pass@1 of {model}")
     return scores

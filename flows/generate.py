@@ -1,4 +1,5 @@
-"""Prefect flow `generate`: tasks -> teacher episodes in sandboxes -> verified rows in the lake.
+"""Prefect flow `generate`: tasks -> teacher episodes in sandboxes -> verified rows in the lake; and the teacher
+stage of the flywheel's rounds (`stage_teacher`, `teacher_ahead`).
 
 Wiring only: the suite comes from tasks/, the episodes from agents.rollout, the sandboxes from sandbox/, the writes
 from warehouse.lake. Everything that can fail on bad input (suite, endpoint, engine) is checked before anything is
@@ -8,10 +9,11 @@ re-run with the same run id skips the rows already written.
 
 from __future__ import annotations
 
-import asyncio
+import os
 import time
 import uuid
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
@@ -19,9 +21,21 @@ from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field
 
 from flows.artifacts import progress_callback
-from flows.concurrency import ENDPOINT_RETRIES, default_limits, ensure_limits, rollout_slots
+from flows.concurrency import ENDPOINT_RETRIES, default_limits, ensure_limits
 from flows.config import FlywheelConfig
+from flows.rollouts import (
+    build_teacher,
+    check_teacher_and_sandbox,
+    joining_tasks,
+    rollout_backend,
+    rollout_rows,
+    rollout_to_lake,
+    schedule_train_tasks,
+    teacher_configs,
+    teacher_name,
+)
 from flows.runners import make_task_runner, submit_all
+from flows.stages import Ledger, StageTimer, metric
 
 
 class GenerateSummary(BaseModel):
@@ -58,45 +72,86 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = 
     """Run the episodes of one chunk of tasks; rows are made durable batch by batch.
 
     Retrying is safe: ids already written are skipped. Chunks run on the flow's task runner (threads here, Ray
-    workers with --ray-address), each with its own sandbox backend.
+    workers with --ray-address), each with its own slots and sandbox backend (flows/rollouts.py).
     """
-    from agents.config import build_policy
-    from agents.rollout import rollout
-    from sandbox.backend import open_backend
-    from warehouse.lake import existing_ids, write_trajectories
-
-    g, root = cfg.generate, cfg.run.out
-    counts = {"written": 0, "skipped": 0}
-
-    def on_rows(rows: list) -> None:
-        res = write_trajectories(root, rows)
-        counts["written"] += res.written
-        counts["skipped"] += res.skipped
-        if progress is not None:
-            progress(len(rows))
-
-    with rollout_slots(cfg.limits, cfg.teacher, g.concurrency):
-        policy = build_policy(cfg.teacher)
-        try:
-            with open_backend(cfg.sandbox, pool_size=min(g.concurrency, 8)) as backend:
-                skip = existing_ids(root, run_id, g.round)
-                if progress is not None and skip:
-                    progress(len(skip & _planned_ids(tasks, policy.name, run_id, g.round, g.samples)))
-                summary = asyncio.run(rollout(
-                    tasks, [policy], backend, samples=g.samples, concurrency=g.concurrency, run_id=run_id,
-                    round=g.round, skip_ids=skip, on_rows=on_rows, batch_size=g.batch_size,
-                    infra_retries=g.infra_retries, max_turns=g.max_turns))
-        finally:
-            if progress is not None:
-                progress.finish()
-    return {"written": counts["written"], "skipped_existing": len(skip) + counts["skipped"],
-            "summary": summary.model_dump() if hasattr(summary, "model_dump") else summary}
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        policy = build_teacher(cfg)
+        res = rollout_to_lake(cfg, tasks, policy, run_id=run_id, round=cfg.generate.round,
+                              samples=cfg.generate.samples, backend=backend, on_progress=progress)
+    return {"written": res.written, "skipped_existing": res.skipped_existing, "summary": res.summary.model_dump()}
 
 
-def _planned_ids(tasks: list, policy: str, run_id: str, round: int, samples: int) -> set[str]:
-    from warehouse.record import trajectory_id
+# ---------------------------------------------------------------------------------------------------- flywheel
 
-    return {trajectory_id(run_id, round, t.id, policy, i) for t in tasks for i in range(samples)}
+
+@task(name="teacher-rollout", **ENDPOINT_RETRIES)
+def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
+    """The flywheel's teacher stage: every train task of the suites joining this round, and the earlier suites'
+    tasks that the student still fails (the curriculum); yield, hack rates and tokens into the rounds table."""
+    from curate.curriculum import plan_curriculum
+    from warehouse.lake import write_rows
+    from warehouse.score import pass_rate, scored
+
+    timer = StageTimer()
+    new = joining_tasks(cfg, round)
+    earlier = schedule_train_tasks(cfg, lambda from_round: from_round < round)
+    chosen = new
+    if earlier:
+        # Suites the teacher already covered: only the tasks the student still fails get the teacher again.
+        plan = plan_curriculum(cfg.run.out, cfg.curriculum.model_copy(update={"unseen_to_teacher": False}),
+                               run_id=run_id, upto_round=round - 1, task_ids=[t.id for t in earlier])
+        wanted = set(plan.teacher_tasks)
+        chosen = new + [t for t in earlier if t.id in wanted]
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        rows = rollout_rows(cfg, chosen, build_teacher(cfg), run_id=run_id, round=round,
+                            samples=cfg.flywheel.teacher_samples, backend=backend)
+    sc = scored(rows)
+    m = partial(metric, run_id, round, "teacher", "teacher", "train", "all")
+    metrics = [m("yield", pass_rate(rows)), m("tasks", len(chosen)), m("episodes", len(rows)),
+               m("hack_rate", sum(r.verdict == "hack" for r in sc) / len(sc) if sc else 0.0),
+               metric(run_id, round, "teacher", "stage", "-", "all", "wall_s", timer.s),
+               metric(run_id, round, "teacher", "stage", "-", "all", "tokens",
+                      sum(r.prompt_tokens + r.completion_tokens for r in rows))]
+    codes: dict[str, int] = {}
+    for r in sc:
+        for c in r.hack_flags:
+            codes[c] = codes.get(c, 0) + 1
+    metrics += [m(f"hack:{c}", n / len(sc)) for c, n in sorted(codes.items())]
+    write_rows(cfg.run.out, "rounds", metrics)
+    return {"tasks": len(chosen), "episodes": len(rows), "wall_s": timer.s}
+
+
+def teacher_ahead(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
+    """The teacher on the train tasks of the suites that join `round`. They depend on no student, so the flywheel
+    runs this in a child process while the round before it trains (SFT holds one core, these rollouts the other).
+    Rows land in the lake under `round`; that round's teacher stage then finds them written and skips them. The
+    same slots and path as every rollout; no progress bar (the student's rollouts may draw theirs meanwhile), no
+    Prefect task (it runs outside the flow, so no task retries: what it misses, round `round`'s stage runs)."""
+    from warehouse.lake import write_rows
+
+    timer = StageTimer()
+    new = joining_tasks(cfg, round)
+    with rollout_backend(cfg, teacher_configs(cfg)) as backend:
+        rows = rollout_rows(cfg, new, build_teacher(cfg), run_id=run_id, round=round,
+                            samples=cfg.flywheel.teacher_samples, backend=backend, progress=False)
+    write_rows(cfg.run.out, "rounds", [metric(run_id, round, "teacher-ahead", "stage", "-", "all", "wall_s",
+                                              timer.s)])
+    return {"tasks": len(new), "episodes": len(rows), "wall_s": timer.s}
+
+
+def teacher_ahead_process(cfg_json: str, run_id: str, round: int) -> dict[str, Any]:
+    """teacher_ahead in a child process at low priority, recorded in the ledger. A process, not a thread: in a
+    thread its rollouts held the GIL against SFT's Python (measured on 2 cores: SFT fell from ~6 to 1.2-1.7
+    steps/s beside it, worse when the thread was niced, since a descheduled thread keeps the GIL); a niced
+    process takes only the CPU that training leaves over."""
+    try:
+        os.nice(15)
+    except OSError:  # not permitted: same priority, still correct
+        pass
+    cfg = FlywheelConfig.model_validate_json(cfg_json)
+    ledger = Ledger(cfg.run.out, run_id)
+    done = ledger.get(round, "teacher-ahead")
+    return done if done is not None else ledger.done(round, "teacher-ahead", teacher_ahead(cfg, run_id, round))
 
 
 def chunked(items: list, n: int) -> list[list]:
@@ -112,14 +167,11 @@ def chunked(items: list, n: int) -> list[list]:
 
 
 def preflight(cfg: FlywheelConfig) -> None:
-    """Fail fast, before anything is written: suite, teacher endpoint, sandbox engine."""
-    from agents.config import check_policy
-    from sandbox.backend import check_backend
+    """Fail fast, before anything is written: suite, teacher endpoint(s), sandbox engine."""
     from tasks.suites import check_suite
 
     check_suite(cfg.generate.suite)
-    check_policy(cfg.teacher)
-    check_backend(cfg.sandbox)
+    check_teacher_and_sandbox(cfg)
 
 
 @flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=2))
@@ -143,7 +195,7 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
         teacher_model: Served model name (openai/vllm) or model folder / hub id (transformers).
         teacher_endpoint: OpenAI-compatible base URL of the teacher, e.g. http://127.0.0.1:8000/v1.
         backend: Sandbox backend: auto (Docker when an engine answers, else local), docker or local.
-        overrides: Any other config key, as section.key=value (e.g. generate.concurrency=4, run.run_id=gen-1),
+        overrides: Any other config key, as section.key=value (e.g. rollout.concurrency=4, run.run_id=gen-1),
             laid over the served config after the fields above.
     """
     from flows.serve import run_config_of
@@ -154,6 +206,7 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
     from flows.config import save_config
     from warehouse.lake import compact
     from warehouse.query import query
+    from warehouse.score import pass_rate_of_counts
 
     t0 = time.perf_counter()
     preflight(cfg)
@@ -187,11 +240,10 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
         verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + r["n"]
         by_policy.setdefault(r["policy"], {})[r["verdict"]] = r["n"]
     episodes = sum(verdicts.values())
-    scored = episodes - verdicts.get("infra_error", 0)
     summary = GenerateSummary(
-        run_id=run_id, round=g.round, root=str(root), suite=g.suite, split=g.split, policy=cfg.teacher.name_or_kind(),
+        run_id=run_id, round=g.round, root=str(root), suite=g.suite, split=g.split, policy=teacher_name(cfg),
         episodes=episodes, written=out["written"], skipped_existing=out["skipped_existing"], verdicts=verdicts,
-        by_policy=by_policy, pass_rate=(verdicts.get("pass", 0) / scored) if scored else 0.0,
+        by_policy=by_policy, pass_rate=pass_rate_of_counts(verdicts),
         wall_s=time.perf_counter() - t0, config_path=config_path)
     create_table_artifact(
         key="generate-summary",

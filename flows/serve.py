@@ -11,9 +11,10 @@ flow lays over the served config (`run_config_of`). Adding a flow is one line in
 chooses its task runner (threads or Ray) from its parameters at run time (flows/runners.py), so a run triggered
 from the UI can ask for Ray (overrides=["run.ray_address=auto"]).
 
-This module registers and serves; it does not define flows, start a Prefect server, or create work pools (for a
-work-pool deployment see docs/operating.md). Its `[serve]` section (ServeConfig, ScheduleConfig) lives in
-flows/config.py with the rest of the config.
+This module registers and serves; it does not define flows or create work pools (for a work-pool deployment see
+README's "A process work pool, step by step"); `serve_command` uses the shared local server of flows/localserver.py
+when no PREFECT_API_URL is set. Its `[serve]` section (ServeConfig, ScheduleConfig) lives in flows/config.py with
+the rest of the config.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def run_config_of(cfg: FlywheelConfig, flow: str, params: dict[str, Any],
                 f"parameter cfg of deployment {deployment.name} holds the served config; this run passed one "
                 f"without [{'], ['.join(missing)}], which would replace the served values by the defaults: drop "
                 f"cfg and pass the run's own parameters ({', '.join([*RUN_PARAMETERS[flow], 'overrides'])}), e.g. "
-                "--param n_tasks=12 or --param 'overrides=[\"generate.concurrency=4\"]'")
+                "--param n_tasks=12 or --param 'overrides=[\"rollout.concurrency=4\"]'")
     keys = RUN_PARAMETERS[flow]
     return run_config(cfg, {keys[k]: v for k, v in params.items()}, overrides)
 
@@ -250,8 +251,8 @@ def require_server() -> str:
 
     url = PREFECT_API_URL.value()
     if not url:
-        raise ServeError("flywheel serve needs a Prefect server: run `prefect server start` (UI and API on "
-                         "http://127.0.0.1:4200) and export PREFECT_API_URL=http://127.0.0.1:4200/api")
+        raise ServeError("no Prefect server: run `flywheel server start` (a local one), or `prefect server start` "
+                         "and export PREFECT_API_URL=http://127.0.0.1:4200/api")
     return str(url)
 
 
@@ -267,25 +268,31 @@ def serve(cfg: FlywheelConfig, *, flows: list[str] | None = None, serve_cfg: Ser
     """
     from prefect import serve as prefect_serve
 
-    from flows.concurrency import LimitsConfig, default_limits, ensure_limits
-
     serve_cfg = serve_cfg or getattr(cfg, "serve", None) or ServeConfig()
-    limits = limits or getattr(cfg, "limits", None) or LimitsConfig()
     url = require_server()
     deployments = build_deployments(cfg, serve_cfg, flows, skip_missing=skip_missing)
-    if limits.enabled:
-        in_force = ensure_limits(default_limits(limits), update=True)
-        print(f"concurrency limits: {', '.join(f'{k}={v}' for k, v in in_force.items())}", flush=True)
+    apply_limits(cfg, limits)
     print(f"serving {', '.join(f'{d.flow_name}/{d.name}' for d in deployments)} on {url} "
           f"(pid {os.getpid()}, {serve_cfg.limit} run(s) at once)", flush=True)
     prefect_serve(*deployments, limit=serve_cfg.limit, pause_on_shutdown=True, print_starting_message=False)
+
+
+def apply_limits(cfg: FlywheelConfig, limits: Any | None = None) -> None:
+    """Create the GPU and sandbox global concurrency limits on the server and set them to the config (`limits`,
+    else cfg.limits, else the defaults), unless the config switches limits off; prints what is in force."""
+    from flows.concurrency import LimitsConfig, default_limits, ensure_limits
+
+    limits = limits or getattr(cfg, "limits", None) or LimitsConfig()
+    if limits.enabled:
+        in_force = ensure_limits(default_limits(limits), update=True)
+        print(f"concurrency limits: {', '.join(f'{k}={v}' for k, v in in_force.items())}", flush=True)
 
 
 def deploy(cfg: FlywheelConfig, *, work_pool: str, flows: list[str] | None = None,
            serve_cfg: ServeConfig | None = None, skip_missing: bool = False) -> list[str]:
     """Register the deployments on a work pool instead of serving them: runs are then executed by the pool's
     workers (`prefect worker start --pool NAME`, one per machine, each with this project installed), not by this
-    process. Same schedules, parameters and forms as `serve`. Returns the deployment ids.
+    process. Same schedules, parameters, forms and concurrency limits as `serve`. Returns the deployment ids.
 
     The pool must exist (`prefect work-pool create NAME --type process`); the entrypoints are module paths, so a
     worker only needs the `flywheel` package importable, not this checkout.
@@ -305,6 +312,7 @@ def deploy(cfg: FlywheelConfig, *, work_pool: str, flows: list[str] | None = Non
     for dep in build_deployments(cfg, serve_cfg, flows, skip_missing=skip_missing):
         ids.append(str(dep.apply(work_pool_name=work_pool)))
         print(f"registered {dep.flow_name}/{dep.name} on work pool {work_pool} ({pool.type})", flush=True)
+    apply_limits(cfg)
     return ids
 
 
@@ -318,8 +326,14 @@ def serve_command(
     = None,
 ) -> None:
     """Register the flows as Prefect deployments (schedules from the serve section) and run what the UI, the API
-    and the schedules trigger; needs PREFECT_API_URL (a `prefect server start`). Ctrl-C stops, pausing schedules."""
+    and the schedules trigger, on PREFECT_API_URL or else the shared local server (started if none runs; it stays
+    up while `serve` runs). Ctrl-C stops, pausing schedules; a killed `serve` takes its flow runs with it."""
+    from flows import localserver
+
     cfg = load_config(config, list(set_ or []))
+    localserver.start()
+    localserver.wait_ready()
+    localserver.guard_children()  # the flow runs it starts (sessions of their own) go when it goes
     serve(cfg, flows=list(flow) if flow else None, skip_missing=skip_missing)
 
 

@@ -1,18 +1,52 @@
-"""The stage ledger of a flywheel run: which stages finished, and what they produced.
+"""The stage ledger of a flywheel run: which stages finished, and what they produced; and the rounds-table rows
+that stages record (`metric`, `score_rows`, `StageTimer`).
 
 Each finished stage writes one small JSON file, ROOT/runs/RUN_ID/stages/RRR-NAME.json, atomically (temp name,
 rename) and only after its outputs are durable. `flywheel run --resume RUN_ID` reads the ledger and skips the
 stages it lists; an interrupted stage has no entry and runs again (its rollouts skip rows already written, its
-training restarts into a fresh folder). This module does not run stages.
+training restarts into a fresh folder). This module does not run stages and does not import prefect.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from datetime import datetime, timezone
 from typing import Any
 
 import fsspec
+
+
+def metric(run_id: str, round: int, stage: str, subject: str, split: str, suite: str, metric: str,
+           value: float) -> dict[str, Any]:
+    """One row of the lake's rounds table."""
+    return {"run_id": run_id, "round": round, "stage": stage, "subject": subject, "split": split, "suite": suite,
+            "metric": metric, "value": float(value), "created_at": datetime.now(timezone.utc)}
+
+
+def score_rows(rows: list, *, run_id: str, round: int, stage: str, subject: str, split: str,
+               k: int = 1) -> list[dict[str, Any]]:
+    """Rounds-table rows of pass@1 (k <= 1) or pass@k per suite label and over all, with the episodes scored
+    (the one scorer, warehouse.score: infra_error excluded)."""
+    from warehouse.score import score_by_suite
+
+    out = []
+    for s in score_by_suite(rows, k):
+        out.append(metric(run_id, round, stage, subject, split, s.suite, s.metric, s.value))
+        out.append(metric(run_id, round, stage, subject, split, s.suite, "episodes", s.episodes))
+    return out
+
+
+class StageTimer:
+    """Seconds since the stage started, rounded for the ledger."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    @property
+    def s(self) -> float:
+        return round(time.perf_counter() - self.t0, 2)
 
 
 class Ledger:

@@ -1,17 +1,125 @@
-"""Prefect flows `train-sft` and `train-grpo`: one training stage on its own, outside the flywheel's rounds.
+"""Prefect flows `train-sft` and `train-grpo`: one training stage on its own; and the training stages of the
+flywheel's rounds (`stage_base`, `stage_sft`, `stage_grpo`, the same tasks in both).
 
-`train-sft` fine-tunes a model on a snapshot of the lake; `train-grpo` improves a model with GRPO on a suite's train
-tasks, rewarded by our verifiers in our sandboxes. Both register the checkpoint in the lake. Wiring only.
+`train-sft` fine-tunes a model on a snapshot of the lake; `train-grpo` improves a model with GRPO on the
+schedule's train tasks that still give signal, rewarded by our verifiers in our sandboxes. Every training step
+runs inside one `flywheel-gpu` slot (flows/concurrency.py, `[limits] gpu_slots`), the tiny base student's copy
+warm-up included. Each registers its checkpoint in the lake. Wiring only: training/ does the work.
 """
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
-from prefect import flow
+from prefect import flow, task
 
+from flows.concurrency import gpu_slot
 from flows.config import FlywheelConfig
-from flows.flywheel import stage_grpo, stage_sft
+from flows.rollouts import schedule_train_tasks
+from flows.stages import StageTimer, metric
+
+
+@task(name="base-student")
+def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
+    """Build the tiny base student from the schedule's task corpus (or use the configured model) and register it."""
+    from training.registry import model_dir, register_checkpoint
+    from training.tiny import build_tiny_model, task_corpus
+    from training.warmup import warm_up_copying
+
+    root = cfg.run.out
+    timer = StageTimer()
+    metrics: dict[str, Any] = {}
+    if cfg.student.base == "tiny":
+        corpus_tasks = schedule_train_tasks(cfg)
+        path = model_dir(root, f"{run_id}-base")
+        shutil.rmtree(path, ignore_errors=True)
+        t = cfg.student.tiny
+        build_tiny_model(path, task_corpus(corpus_tasks), hidden=t.hidden, layers=t.layers, heads=t.heads,
+                         kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed)
+        with gpu_slot(cfg.limits):
+            warm = warm_up_copying(path, [task.prompt for task in corpus_tasks], steps=t.copy_warmup_steps,
+                                   seed=t.seed, threads=cfg.sft.threads, progress=True)
+        if warm.steps:
+            metrics["copy_warmup_steps"] = warm.steps
+            metrics["copy_warmup_loss"] = round(warm.final_loss, 4)
+    else:
+        path = cfg.student.base
+    metrics["wall_s"] = timer.s
+    ck = register_checkpoint(root, run_id=run_id, round=0, stage="base", path=str(path), metrics=metrics)
+    return {"checkpoint_id": ck.checkpoint_id, "path": str(path), **metrics}
+
+
+# log_prints off for the training tasks: dill (datasets' fingerprinting) runs dis.dis, which prints, while it
+# captures sys.stdout; Prefect's print logging would put ~500 lines of bytecode into the run's log.
+@task(name="sft", log_prints=False)
+def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, Any], snapshot_id: str
+              ) -> dict[str, Any]:
+    """SFT of `parent` (path, checkpoint_id) on snapshot `snapshot_id`; rounds after the first use
+    flywheel.later_sft_steps."""
+    from training.registry import model_dir, register_checkpoint
+    from training.sft import train_sft
+    from warehouse.lake import write_rows
+
+    root = cfg.run.out
+    out = model_dir(root, f"{run_id}-r{round}-sft")
+    shutil.rmtree(out, ignore_errors=True)  # an interrupted earlier attempt starts over
+    sft_cfg = cfg.sft
+    if round > 1 and cfg.flywheel.later_sft_steps:
+        sft_cfg = sft_cfg.model_copy(update={"max_steps": cfg.flywheel.later_sft_steps})
+    with gpu_slot(cfg.limits):
+        res = train_sft(parent["path"], None, out, sft_cfg, snapshot_id=snapshot_id, root=root)
+    metrics = {"final_loss": res.losses[-1] if res.losses else None, "steps": res.steps, "wall_s": res.total_s,
+               "examples": res.n_examples, "dropped_truncated": res.n_dropped_truncated}
+    ck = register_checkpoint(root, run_id=run_id, round=round, stage="sft", path=res.checkpoint_path,
+                             parent_id=parent["checkpoint_id"], snapshot_id=snapshot_id, metrics=metrics)
+    write_rows(root, "rounds", [
+        metric(run_id, round, "sft", "stage", "-", "all", "wall_s", res.total_s),
+        metric(run_id, round, "sft", "student", "train", "all", "sft_final_loss",
+               res.losses[-1] if res.losses else float("nan")),
+        metric(run_id, round, "sft", "stage", "-", "all", "tokens", res.n_tokens)])
+    return {"checkpoint_id": ck.checkpoint_id, "path": res.checkpoint_path, "wall_s": res.total_s,
+            "losses": res.losses[-5:], "examples": res.n_examples}
+
+
+@task(name="grpo", log_prints=False)
+def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, Any]) -> dict[str, Any]:
+    """GRPO of `parent` on the train tasks of the suites joined by `round` whose student outcomes were mixed (at
+    most flywheel.grpo_max_tasks); `parent` comes back unchanged when no task gives signal."""
+    from curate.curriculum import plan_curriculum
+    from sandbox.backend import open_backend
+    from training.grpo import train_grpo
+    from training.registry import model_dir, register_checkpoint
+    from warehouse.lake import write_rows
+
+    root = cfg.run.out
+    tasks = schedule_train_tasks(cfg, lambda from_round: from_round <= round)
+    plan = plan_curriculum(root, cfg.curriculum, run_id=run_id, upto_round=round, task_ids=[t.id for t in tasks])
+    keep = set(plan.grpo_tasks)
+    chosen = [t for t in tasks if t.id in keep][: cfg.flywheel.grpo_max_tasks]
+    if not chosen:
+        return {**parent, "skipped": "no task gives signal (all always passed or always failed)"}
+    out = model_dir(root, f"{run_id}-r{round}-grpo")
+    shutil.rmtree(out, ignore_errors=True)
+    # The GPU slot only: GRPO's sandboxes serve its reward function, not a rollout chunk (holding sandbox slots
+    # too, in the other order than a vLLM rollout does, could deadlock two runs).
+    with gpu_slot(cfg.limits):
+        with open_backend(cfg.sandbox, pool_size=min(cfg.rollout.concurrency, 8)) as backend:
+            res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend, rewards=cfg.rewards,
+                             thresholds=cfg.diagnostics)
+    metrics = {"reward_first": res.rewards[0] if res.rewards else None,
+               "reward_last": res.rewards[-1] if res.rewards else None, "steps": res.steps,
+               "hacks_with_positive_reward": res.hacks_with_positive_reward, "wall_s": res.total_s,
+               "warnings": res.warnings}
+    ck = register_checkpoint(root, run_id=run_id, round=round, stage="grpo", path=res.checkpoint_path,
+                             parent_id=parent["checkpoint_id"], metrics=metrics)
+    rows = [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
+    if res.rewards:
+        rows += [metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_first", res.rewards[0]),
+                 metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_last", res.rewards[-1])]
+    write_rows(root, "rounds", rows)
+    return {"checkpoint_id": ck.checkpoint_id, "path": res.checkpoint_path, "wall_s": res.total_s,
+            "tasks": len(chosen), "rewards": res.rewards}
 
 
 def _parent(model: str) -> dict[str, Any]:
@@ -33,7 +141,8 @@ def train_sft_flow(cfg: FlywheelConfig, model: str, snapshot_id: str, run_id: st
     """
     from flows.serve import run_config_of
 
-    return stage_sft(run_config_of(cfg, "train_sft", {}, overrides), run_id, round, _parent(model), snapshot_id)
+    return stage_sft(cfg=run_config_of(cfg, "train_sft", {}, overrides), run_id=run_id, round=round,
+                     parent=_parent(model), snapshot_id=snapshot_id)
 
 
 @flow(name="train-grpo", log_prints=True)
@@ -50,4 +159,5 @@ def train_grpo_flow(cfg: FlywheelConfig, model: str, run_id: str, round: int = 1
     """
     from flows.serve import run_config_of
 
-    return stage_grpo(run_config_of(cfg, "train_grpo", {}, overrides), run_id, round, _parent(model))
+    return stage_grpo(cfg=run_config_of(cfg, "train_grpo", {}, overrides), run_id=run_id, round=round,
+                      parent=_parent(model))

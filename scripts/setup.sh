@@ -37,7 +37,7 @@ if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
   log "installing torch==2.13.0 (CPU build) first"
   .venv/bin/pip install -q torch==2.13.0
 fi
-if ! .venv/bin/python -c 'import flows.cli, trl, prefect, duckdb, datasketch, prefect_ray' >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.flywheel-installed ]; then
+if ! .venv/bin/python -c 'import flows.cli, trl, prefect, duckdb, datasketch, prefect_ray, s3fs, moto.server' >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.flywheel-installed ]; then
   log "installing flywheel and its dependencies"
   .venv/bin/pip install -q -e '.[dev,ray]'
   touch .venv/.flywheel-installed

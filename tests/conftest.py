@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,49 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 
+# The CLI starts a shared local Prefect server on first use (flows/localserver.py). Tests get a Prefect home of
+# their own, so they never reuse or stop a user's server, and that server is stopped when the session ends.
+_SESSION_HOME = os.environ.get("FLYWHEEL_TEST_PREFECT_HOME") or tempfile.mkdtemp(prefix="fw-test-prefect-")
+os.environ["PREFECT_HOME"] = _SESSION_HOME
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest's hook signature
+    """Stop the shared server the session's commands started (if any), so nothing of the tests keeps running."""
+    if Path(_SESSION_HOME, "flywheel-server.json").exists():
+        subprocess.run([FLYWHEEL, "server", "stop"], env={**os.environ, "PREFECT_HOME": _SESSION_HOME},
+                       capture_output=True, timeout=60, check=False)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep the lake's footer cache of each test out of the user's home."""
     monkeypatch.setenv("FLYWHEEL_CACHE_DIR", str(tmp_path_factory.mktemp("fw-cache")))
+
+
+def stop_group(proc: subprocess.Popen, term_wait_s: float = 20, kill_wait_s: float = 10) -> None:
+    """Stop a process started with start_new_session=True and its group: SIGTERM, then SIGKILL if it lingers."""
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def in_background(argv: list[str], log_path: Path, **popen):
+    """argv in its own process group, stdout and stderr to log_path (a file: no pipe to fill or hold open);
+    yields the process, and stops its group afterwards, however the block ends."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+        try:
+            yield proc
+        finally:
+            stop_group(proc)
 
 
 def free_port() -> int:
@@ -49,7 +88,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
                              "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 90
+    deadline = time.time() + 240  # a 2-core machine under load took 77-94 s to answer (measured)
     while True:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as r:

@@ -17,7 +17,9 @@ from pydantic import BaseModel, Field
 
 from sandbox.result import Backend
 from tasks.spec import Task
-from warehouse.record import SCORED_VERDICTS, Trajectory
+from warehouse.record import Trajectory
+from warehouse.score import pass_rate
+from warehouse.score import scored as scored_rows
 
 
 class EvalResult(BaseModel):
@@ -32,12 +34,12 @@ class EvalResult(BaseModel):
 
 
 def summarize(rows: list[Trajectory], wall_s: float = 0.0) -> EvalResult:
-    scored = [r for r in rows if r.verdict in SCORED_VERDICTS]
+    scored = scored_rows(rows)
     verdicts: dict[str, int] = {}
     for r in rows:
         verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
     return EvalResult(
-        pass_rate=sum(r.verdict == "pass" for r in scored) / len(scored) if scored else 0.0,
+        pass_rate=pass_rate(rows),
         mean_reward=sum(r.reward for r in scored) / len(scored) if scored else 0.0,
         episodes=len(rows), scored=len(scored), verdicts=verdicts,
         hacks_with_positive_reward=sum(1 for r in rows if r.verdict == "hack" and r.reward > 0),

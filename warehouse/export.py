@@ -18,7 +18,8 @@ suite, split, source, run_id, round), in a stable order (run_id, round, created_
 order) with their weights; that is what training should read. Filters over the raw lake bypass curation (no
 dedup, decontamination or hack filter), and the CLI says so.
 
-All write atomically (temp name, then rename) and refuse to overwrite unless overwrite=True. This module does
+All write atomically (temp name, then rename) to a local path (a URL output is refused: the lake root may be an
+object store, the export is a local file or folder) and refuse to overwrite unless overwrite=True. This module does
 not curate or mix (curate/ does); it only selects and formats.
 """
 
@@ -112,6 +113,9 @@ def to_trl_example(row: dict[str, Any], arguments_as: ArgumentsAs = "string",
 
 
 def _check_out(path: str, overwrite: bool) -> None:
+    if "://" in path:  # os calls would make a local folder named after the scheme ("s3:/bucket/...")
+        raise ExportError(f"output {path!r} is a URL; exports write a local file or folder (the lake root may be a "
+                          "URL): export to a local path, then copy it to object storage")
     if os.path.exists(path) and not overwrite:
         raise ExportError(f"{path} already exists: choose another output path or pass overwrite=True")
 

@@ -4,7 +4,11 @@ its listing, stat and atomic Parquet writes, and the on-disk schema of trajector
 Used by the writer (lake.py), the file checks (integrity.py) and the readers (query.py, viewer.py). A batch
 becomes visible whole or not at all: on a local disk it is written under a hidden temp name (`.NAME.<hex>.tmp`,
 which no reader globs) in its destination folder, fsynced, renamed into place, and the folder is fsynced; on an
-object store one PUT is already all-or-nothing. This module knows nothing of rows, partitions or DuckDB.
+object store the file is built in memory and sent in one PUT (`pipe_file`), so a write that fails part-way sends
+nothing (a stream left open would publish what it had written when closed). Listings of an object store start
+from a fresh view: fsspec's listing cache is dropped first, since another process (a worker, a Ray node) may have
+written files since this process last listed, and the cached listing would call them missing when they are
+opened. This module knows nothing of rows, partitions or DuckDB.
 """
 
 from __future__ import annotations
@@ -121,6 +125,10 @@ class Lake:
                         out.append(FileInfo(e.path, st.st_size, st.st_mtime))
         else:
             assert self.fs is not None
+            # A listing cached by an earlier find/ls misses what other processes wrote since, and s3fs answers
+            # info()/open() of such a file from that cache: FileNotFoundError, and the file would be skipped as
+            # vanished. Start from a fresh view; find() then fills the cache that open() reads sizes from.
+            self.fs.invalidate_cache()
             try:
                 found = self.fs.find(top, detail=True)
             except FileNotFoundError:
@@ -129,10 +137,7 @@ class Lake:
                 name = p.rsplit("/", 1)[-1]
                 if name.startswith(".") or not name.endswith(suffix) or info.get("type") == "directory":
                     continue
-                mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
-                if isinstance(mtime, datetime):
-                    mtime = mtime.timestamp()
-                out.append(FileInfo(p, int(info.get("size") or 0), float(mtime) if mtime is not None else None))
+                out.append(FileInfo(p, int(info.get("size") or 0), _mtime(info)))
         out.sort(key=lambda f: f.path)
         return out
 
@@ -148,7 +153,7 @@ class Lake:
             info = self.fs.info(path)
         except FileNotFoundError:
             return None
-        return FileInfo(path, int(info.get("size") or 0), None)
+        return FileInfo(path, int(info.get("size") or 0), _mtime(info))
 
     # ----- writing
     def makedirs(self, path: str) -> None:
@@ -171,9 +176,12 @@ class Lake:
         folder = os.path.dirname(path) if self.local else path.rsplit("/", 1)[0]
         self.makedirs(folder)
         if not self.local:
-            # Object stores publish an object only when its upload completes: one PUT is atomic.
-            with self.arrow_fs.open_output_stream(path) as out:
-                pq.write_table(table, out, **PARQUET_OPTIONS)
+            # Object stores publish an object when its upload completes, and closing a stream completes it, also
+            # after a failed write: build the file in memory and send it whole (one PUT), or nothing.
+            assert self.fs is not None
+            buf = pa.BufferOutputStream()
+            pq.write_table(table, buf, **PARQUET_OPTIONS)
+            self.fs.pipe_file(path, buf.getvalue().to_pybytes())
             return self.url(path)
         name = os.path.basename(path)
         tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
@@ -212,8 +220,7 @@ class Lake:
                 os.fsync(f.fileno())
         else:
             assert self.fs is not None
-            with self.fs.open(path, "w") as f:
-                f.write(text)
+            self.fs.pipe_file(path, text.encode("utf-8"))  # one PUT: whole or nothing
 
     def remove(self, path: str) -> None:
         if self.local:
@@ -221,6 +228,15 @@ class Lake:
         else:
             assert self.fs is not None
             self.fs.rm(path)
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    """Modification time of an fsspec info dict as a timestamp (s3fs: LastModified; local/memory: mtime or
+    created), the same for a listing and a stat of one file, so caches keyed by it match."""
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+    if isinstance(mtime, datetime):
+        mtime = mtime.timestamp()
+    return float(mtime) if mtime is not None else None
 
 
 def fsync_dir(path: str) -> None:

@@ -7,6 +7,8 @@ Views (each exists, possibly empty, even before any file is written):
   messages          one row per message: trajectory_id, idx, role, content, tool_call_id, name, n_tool_calls
   tool_calls        one row per call: trajectory_id, message_idx, call_idx, id, name, arguments
   datasets, manifests, rounds, checkpoints   side tables (latest row per key for datasets/rounds/checkpoints)
+  verifier_health                            per task: oracle/null/mutant/flake figures of `flywheel tasks audit`
+                                             (latest row per task id, task version, verifier version)
 
 Before the views are built every data file is checked (integrity.py: magic bytes and footer length on each
 connect, a full footer parse once per file). A bad file is moved to ROOT/quarantine/ with a .reason.txt beside

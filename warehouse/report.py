@@ -1,7 +1,9 @@
 """The report of a flywheel run: PNG plots, markdown and HTML, built from the rounds table of the lake.
 
 Plots: held-out pass@1 per round for the base, each student and the teacher (one panel per suite); teacher yield;
-hack rate by reason code; the snapshot mix by source; wall time per stage. Written to ROOT/runs/RUN_ID/report/
+hack rate by reason code; the snapshot mix by source; wall time per stage. Tables: held-out pass rate, the
+verifier health of the run's tasks per suite (from `flywheel tasks audit`'s verifier_health rows, when there are
+any), all round metrics. Written to ROOT/runs/RUN_ID/report/
 (local roots; a remote root gets its report in a local folder named in the result). Reads only; trains nothing.
 """
 
@@ -42,6 +44,19 @@ def heldout_table(root: str, run_id: str) -> list[dict[str, Any]]:
         out.setdefault(key, {"round": r["round"], "subject": r["subject"], "suite": r["suite"]})[r["metric"]] = \
             round(r["value"], 4)
     return [out[k] for k in sorted(out)]
+
+
+def health_table(root: str, run_id: str) -> list[dict[str, Any]]:
+    """Per suite, the latest verifier_health figures of the tasks this run has rows of."""
+    return query(root, """
+        SELECT suite, COUNT(*) AS tasks, SUM(oracle_pass::INTEGER) AS oracle_passes,
+               SUM(null_pass::INTEGER) AS null_passes, SUM(n_mutants) AS mutants, SUM(mutants_killed) AS killed,
+               round(SUM(mutants_killed) / NULLIF(SUM(n_mutants), 0), 4) AS kill_rate,
+               SUM((flake_rate > 0)::INTEGER) AS flaky, SUM((error IS NOT NULL)::INTEGER) AS errors
+        FROM (SELECT * FROM verifier_health
+              WHERE task_id IN (SELECT DISTINCT task_id FROM trajectories WHERE run_id = ?)
+              QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY created_at DESC) = 1)
+        GROUP BY suite ORDER BY suite""", [run_id]).to_pylist()
 
 
 def _folder(root: str, run_id: str) -> Path:
@@ -153,6 +168,9 @@ def build_report(root: str, run_id: str) -> Report:
         r["value"] = round(r["value"], 4)
     md = [f"# flywheel run `{run_id}`\n", "## Held-out pass rate\n", _md_table(heldout)]
     md += [f"![{n}]({n})\n" for n in plots]
+    health = health_table(str(root), run_id)
+    if health:
+        md += ["## Verifier health (flywheel tasks audit)\n", _md_table(health)]
     md += ["## All round metrics\n", _md_table([{k: r[k] for k in ("round", "stage", "subject", "split", "suite",
                                                                     "metric", "value")} for r in other])]
     markdown = "\n".join(md)
@@ -160,6 +178,8 @@ def build_report(root: str, run_id: str) -> Report:
     body = "".join(
         f"<h2>{html.escape(t)}</h2>{_html_table(rs)}" for t, rs in (("Held-out pass rate", heldout),))
     body += "".join(f'<figure><img src="{n}" alt="{n}"></figure>' for n in plots)
+    if health:
+        body += f"<h2>Verifier health (flywheel tasks audit)</h2>{_html_table(health)}"
     body += f"<h2>All round metrics</h2>{_html_table(other)}"
     (folder / "report.html").write_text(
         f"<!doctype html><meta charset=utf-8><title>flywheel {html.escape(run_id)}</title>"

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from warehouse.query import QueryError, query
 from warehouse.record import VERDICTS
+from warehouse.score import PASS_RATE_SQL
 
 DIMENSIONS: tuple[str, ...] = ("suite", "source", "policy", "round")
 _ALLOWED_DIMENSIONS = DIMENSIONS + ("split", "run_id", "task_id", "verifier", "sandbox_backend", "difficulty")
@@ -39,8 +40,7 @@ def _metrics_sql() -> str:
     return (
         "count(*) AS n, "
         "count(*) FILTER (WHERE verdict <> 'infra_error') AS scored, "
-        "round(avg(CASE WHEN verdict = 'pass' THEN 1.0 WHEN verdict = 'infra_error' THEN NULL ELSE 0.0 END), 4) "
-        "AS pass_rate, "
+        f"round({PASS_RATE_SQL}, 4) AS pass_rate, "
         f"{verdicts}, "
         "count(*) FILTER (WHERE len(hack_flags) > 0) AS flagged, "
         "sum(prompt_tokens)::BIGINT AS prompt_tokens, sum(completion_tokens)::BIGINT AS completion_tokens, "

@@ -1,4 +1,5 @@
-"""Schemas of the lake's side tables (datasets, snapshot manifests, rounds, checkpoints) and the lake layout names.
+"""Schemas of the lake's side tables (datasets, snapshot manifests, rounds, checkpoints,
+verifier_health) and the lake layout names.
 
 Trajectories have their schema in record.py; this module holds the others, as pyarrow schemas, with one dict
 that maps each table name to its schema, folder and de-duplication key. It does not read or write files.
@@ -67,12 +68,33 @@ CHECKPOINTS_SCHEMA = pa.schema(
     ]
 )
 
+VERIFIER_HEALTH_SCHEMA = pa.schema(
+    [
+        ("task_id", pa.string()),
+        ("suite", pa.string()),
+        ("task_version", pa.string()),
+        ("verifier", pa.string()),
+        ("verifier_version", pa.string()),
+        ("oracle_pass", pa.bool_()),
+        ("null_pass", pa.bool_()),
+        ("n_mutants", pa.int32()),
+        ("mutants_killed", pa.int32()),
+        ("mutant_kill_rate", pa.float64()),  # null: the task has no code to mutate
+        ("k_regrades", pa.int32()),
+        ("flake_rate", pa.float64()),
+        ("wall_s", pa.float64()),
+        ("error", pa.string()),
+        ("created_at", _TS),
+    ]
+)
+
 # Side tables written with lake.write_rows: name -> (schema, key columns for read-side de-duplication,
 # column that picks the surviving row: the latest by it wins).
 SIDE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...], str]] = {
     "datasets": (DATASETS_SCHEMA, ("snapshot_id",), "created_at"),
     "rounds": (ROUNDS_SCHEMA, ("run_id", "round", "stage", "subject", "split", "suite", "metric"), "created_at"),
     "checkpoints": (CHECKPOINTS_SCHEMA, ("checkpoint_id",), "created_at"),
+    "verifier_health": (VERIFIER_HEALTH_SCHEMA, ("task_id", "task_version", "verifier_version"), "created_at"),
 }
 
 # Columns that must never be null in a side-table row (a write without them is refused).
@@ -81,6 +103,7 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "rounds": ("run_id", "round", "metric", "value"),
     "checkpoints": ("checkpoint_id", "run_id", "path"),
     "manifests": ("snapshot_id", "trajectory_id"),
+    "verifier_health": ("task_id", "task_version", "verifier_version", "oracle_pass", "null_pass", "flake_rate"),
 }
 
 TRAJECTORIES_DIR = "trajectories"

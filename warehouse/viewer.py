@@ -21,6 +21,7 @@ import duckdb
 
 from warehouse.lakefs import open_lake
 from warehouse.query import connect
+from warehouse.score import PASS_RATE_SQL, pass_at_k
 from warehouse.tables import TRAJECTORIES_DIR
 
 PAGE_SIZES = (25, 50, 100, 200)
@@ -99,10 +100,9 @@ def lake_summary(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 
 def runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """One row per run: rounds, episodes, pass rate of scored episodes, hacks, snapshots, first and last write."""
-    return _rows(con, """
+    return _rows(con, f"""
         WITH t AS (SELECT run_id, count(DISTINCT round) AS rounds, count(*) AS episodes,
-                          avg(CASE WHEN verdict = 'pass' THEN 1.0 ELSE 0.0 END)
-                              FILTER (WHERE verdict <> 'infra_error') AS pass_rate,
+                          {PASS_RATE_SQL} AS pass_rate,
                           count(*) FILTER (WHERE verdict = 'hack') AS hacks,
                           min(created_at) AS first_at, max(created_at) AS last_at
                    FROM trajectories GROUP BY run_id),
@@ -116,10 +116,9 @@ def runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def run_rounds(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     """A run's page: episodes per round and source, the rounds table (held-out pass@k first), its snapshots."""
-    episodes = _rows(con, """
+    episodes = _rows(con, f"""
         SELECT round::INTEGER AS round, source, count(*) AS episodes,
-               avg(CASE WHEN verdict = 'pass' THEN 1.0 ELSE 0.0 END)
-                   FILTER (WHERE verdict <> 'infra_error') AS pass_rate,
+               {PASS_RATE_SQL} AS pass_rate,
                count(*) FILTER (WHERE verdict = 'hack') AS hacks,
                count(*) FILTER (WHERE verdict = 'infra_error') AS infra_errors,
                sum(prompt_tokens + completion_tokens) AS tokens, sum(cost_usd) AS cost_usd
@@ -406,8 +405,8 @@ def task_page(con: duckdb.DuckDBPyConnection, task_id: str) -> dict[str, Any]:
                    [task_id])
     for g in groups:
         scored = g["n"] - g["infra_errors"]
-        g["pass_at_1"] = g["passed"] / scored if scored else None
-        g["pass_at_k"] = (1.0 if g["passed"] else 0.0) if scored else None
+        g["pass_at_1"] = pass_at_k(scored, g["passed"], 1)
+        g["pass_at_k"] = pass_at_k(scored, g["passed"], scored)  # k = every scored sample of the group
     return {"task_id": task_id, "suite": eps[0]["suite"], "split": eps[0]["split"], "episodes": eps,
             "groups": groups}
 

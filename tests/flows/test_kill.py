@@ -1,20 +1,26 @@
-"""SIGKILL of a `flywheel generate` in the middle of its rollouts, through the console script, with no Prefect
-server configured (the command's own temporary server, flows/localserver.py):
-  - no process of the killed command remains (its temporary Prefect server, its sandboxes), checked in /proc,
-    and on Docker no running container of it;
-  - the slots it held in the `flywheel-sandbox` global concurrency limit are released by the next command, which
-    completes at once instead of waiting forever for 8 of 8 slots;
+"""SIGKILL of a `flywheel generate`, `run` or `serve` in the middle of its rollouts, through the console script, with
+no Prefect server configured (flows/localserver.py):
+  - no process of the killed command remains (its sandboxes; for `serve` also the flow run it was executing, a
+    process of its own session), checked in /proc by descendants and by a marker in the environment, and on Docker
+    no running container of it. The one process allowed to remain is the shared local server recorded in
+    PREFECT_HOME/flywheel-server.json: deliberately shared by every command, it idles out by itself
+    (tests/flows/test_localserver.py) and `flywheel server stop` ends it, checked here too. With
+    FLYWHEEL_LOCAL_SERVER=own the command's own temporary server is one of its processes and dies with it;
+  - the slots it held in the `flywheel-sandbox` global concurrency limit are released (by the shared server's
+    watchdog or by the next command), and the next command completes at normal speed instead of waiting forever;
 and a control: with FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server) the same kill leaves the slots taken.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import sqlite3
 import subprocess
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -30,11 +36,19 @@ def _env(home: Path, marker: str) -> dict:
     return {**env, "PREFECT_HOME": str(home), "FW_KILL_TEST": marker}
 
 
-def processes_with(marker: str) -> list[str]:
-    """pid and command line of every live process whose environment holds FW_KILL_TEST=marker."""
+def shared_server(home: Path) -> int | None:
+    """pid of the shared local server recorded in home, if any."""
+    try:
+        return int(json.loads((home / "flywheel-server.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def processes_with(marker: str, but: int | None = None) -> list[str]:
+    """pid and command line of every live process whose environment holds FW_KILL_TEST=marker (but pid `but`)."""
     out = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+        if not d.name.isdigit() or d.name == str(but):
             continue
         try:
             if f"FW_KILL_TEST={marker}".encode() not in (d / "environ").read_bytes().split(b"\0"):
@@ -104,33 +118,60 @@ def active_slots(home: Path, name: str = "flywheel-sandbox") -> int:
 
 def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = "local",
                    command: str = "generate") -> subprocess.Popen:
-    """`flywheel generate` (or `flywheel run`, whose first stage is a generate of n_tasks) in the background; its
-    stdout and stderr go to tmp/OUT.out and tmp/OUT.err (files, not pipes: a leftover child would hold a pipe open,
-    and no full pipe can block the command)."""
-    args = ["generate", "--n-tasks", str(n_tasks), "--samples", "1", "--concurrency", "8"] if command == "generate" \
-        else ["run", "--set", f"generate.n_tasks={n_tasks}", "--set", "generate.concurrency=8",
-              "--set", "student.tiny.copy_warmup_steps=0"]  # straight to the rollouts
+    """`flywheel generate` (or `flywheel run`, whose first stage is a generate of n_tasks, or `flywheel serve` of
+    the generate flow, whose run of n_tasks `trigger_served_run` creates) in the background; its stdout and stderr
+    go to tmp/OUT.out and tmp/OUT.err (files, not pipes: a leftover child would hold a pipe open, and no full pipe
+    can block the command)."""
+    gen = ["--set", f"generate.n_tasks={n_tasks}", "--set", "generate.samples=1", "--set", "rollout.concurrency=8",
+           "--set", f"sandbox.backend={json.dumps(backend)}", "--set", f"run.out={json.dumps(str(tmp / out))}"]
+    args = {"generate": ["generate", *gen],
+            "run": ["run", *gen, "--set", "student.tiny.copy_warmup_steps=0"],  # straight to the rollouts
+            "serve": ["serve", "--flow", "generate", *gen]}[command]
     with open(tmp / f"{out}.out", "w") as o, open(tmp / f"{out}.err", "w") as e:
-        return subprocess.Popen([FLYWHEEL, *args, "--backend", backend, "--out", str(tmp / out)], env=env, cwd=tmp,
-                                stdout=o, stderr=e)
+        return subprocess.Popen([FLYWHEEL, *args], env={**env, "PYTHONUNBUFFERED": "1"}, cwd=tmp, stdout=o, stderr=e)
+
+
+def _api(home: Path, path: str, body: dict) -> dict:
+    url = json.loads((home / "flywheel-server.json").read_text())["url"]
+    req = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def trigger_served_run(home: Path, err: Path, p: subprocess.Popen, deadline: float) -> None:
+    """Once `serve` has registered generate/flywheel on the shared server, create a run of it (served config)."""
+    while not (home / "flywheel-server.json").exists() or "serving " not in err.with_suffix(".out").read_text():
+        assert p.poll() is None, err.read_text()[-3000:]
+        assert time.monotonic() < deadline, "serve never started serving"
+        time.sleep(0.5)
+    while not (home / "flywheel-server.json").exists() or not (
+            deps := [d for d in _api(home, "/deployments/filter", {}) if d["name"] == "flywheel"]):
+        assert p.poll() is None, err.read_text()[-3000:]
+        assert time.monotonic() < deadline, "serve never registered its deployment"
+        time.sleep(0.5)
+    _api(home, f"/deployments/{deps[0]['id']}/create_flow_run", {})
 
 
 def kill_mid_rollout(tmp: Path, env: dict, home: Path, backend: str = "local",
                      command: str = "generate") -> tuple[dict[int, str], str]:
-    """Start a long generate, wait until it holds its 8 sandbox slots (`run`, with no student warm-up: until its
-    round-1 teacher rollouts start; the flywheel's stages take no global slots today), SIGKILL it; returns its
-    descendants (pid ->
-    start time) as they were just before the kill (its server, its sandboxes), and the Docker owner label value
-    of its sandbox containers."""
+    """Start a long generate (or run, or serve and a served run of generate), wait until it holds its 8 sandbox
+    slots (`run`, with no student warm-up: until its round-1 teacher rollouts start; the flywheel's stages take no
+    global slots today), SIGKILL it; returns its descendants (pid -> start time) as they were just before the kill
+    (its sandboxes, its own server with FLYWHEEL_LOCAL_SERVER=own, the flow-run process of `serve`; never the
+    shared server), and the Docker owner label value of its sandbox containers."""
     p = start_generate(tmp, env, 400, "lake-killed", backend, command)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 400
     err = tmp / "lake-killed.err"
-    while active_slots(home) < 8 if command == "generate" else "round 1 teacher: starting" not in err.read_text():
-        assert p.poll() is None, (tmp / "lake-killed.err").read_text()[-3000:]
+    if command == "serve":
+        trigger_served_run(home, err, p, deadline)
+    while active_slots(home) < 8 if command != "run" else "round 1 teacher: starting" not in err.read_text():
+        assert p.poll() is None, err.read_text()[-3000:]
         assert time.monotonic() < deadline, "generate never took its sandbox slots"
         time.sleep(0.2)
     time.sleep(1.0)  # episodes in flight
     procs = descendants(p.pid)
+    procs.pop(shared_server(home), None)  # started by this command when none ran, but not its own
     owner = f"{socket.gethostname()}:{p.pid}:{_start(p.pid)}"
     while backend == "docker" and not running_containers(owner):  # containers come up after the slots
         assert p.poll() is None and time.monotonic() < deadline, "no sandbox container of the command ran"
@@ -147,37 +188,47 @@ def running_containers(owner: str) -> list[str]:
     return out.split()
 
 
-@pytest.mark.parametrize("command,backend", [("generate", "local"), ("run", "local"),
-                                             pytest.param("generate", "docker", marks=pytest.mark.docker)])
-def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend):
+@pytest.mark.parametrize("command,backend,server", [
+    ("generate", "local", "shared"), ("run", "local", "shared"), ("serve", "local", "shared"),
+    ("generate", "local", "own"), pytest.param("generate", "docker", "shared", marks=pytest.mark.docker)])
+def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend, server):
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
-    env = _env(home, marker)
-    procs, owner = kill_mid_rollout(tmp_path, env, home, backend, command)
-    deadline = time.monotonic() + 30  # parent-death signals, containers whose attach socket closed: a moment
-    while (processes_with(marker) or still_alive(procs) or (backend == "docker" and running_containers(owner))) \
-            and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(procs) >= (2 if (backend, command) == ("local", "generate") else 1)  # its server (and sandboxes)
-    assert still_alive(procs) == []
-    assert processes_with(marker) == []
-    if backend == "docker":
-        assert running_containers(owner) == []
-    if command == "generate":
-        assert active_slots(home) == 8  # taken in the database by the dead command
+    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": server}
+    try:
+        procs, owner = kill_mid_rollout(tmp_path, env, home, backend, command)
+        shared = shared_server(home)
+        deadline = time.monotonic() + 30  # parent-death signals, containers whose attach socket closed: a moment
+        while (processes_with(marker, but=shared) or still_alive(procs)
+               or (backend == "docker" and running_containers(owner))) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # what there was to kill: its own server and sandboxes; serve's flow run and guard; `run` may still be in
+        # threads only (no sandbox process yet) when the shared server is not its own
+        assert len(procs) >= {("own", "generate"): 2, ("shared", "serve"): 2, ("shared", "generate"): 1}.get(
+            (server, command), 0)
+        assert still_alive(procs) == []
+        assert processes_with(marker, but=shared) == []
+        if backend == "docker":
+            assert running_containers(owner) == []
 
-    t0 = time.monotonic()
-    p = start_generate(tmp_path, env, 2, "lake-next", backend)
-    p.wait(timeout=300)
-    out, err = (tmp_path / "lake-next.out").read_text(), (tmp_path / "lake-next.err").read_text()
-    assert p.returncode == 0, err
-    assert "rows written 2" in out
-    if command == "generate":
-        assert "released 8 slot(s) of concurrency limit 'flywheel-sandbox'" in err
-        assert f"held by a command that died (pid {owner.split(':')[1]})" in err
-    assert active_slots(home, "*") == 0
-    assert not [d for d in (home / "flywheel-leases").iterdir()]  # every lease folder reaped or removed
-    assert processes_with(marker) == []
-    print(f"next generate after the kill: {time.monotonic() - t0:.1f} s")
+        t0 = time.monotonic()
+        p = start_generate(tmp_path, env, 2, "lake-next", backend)
+        p.wait(timeout=300)
+        out, err = (tmp_path / "lake-next.out").read_text(), (tmp_path / "lake-next.err").read_text()
+        assert p.returncode == 0, err
+        assert "rows written 2" in out
+        if command != "run":  # the slots came back: by the next command, or by the shared server's watchdog
+            log = (home / "flywheel-server.log").read_text() if server == "shared" else ""
+            assert f"released 8 slot(s) of concurrency limit 'flywheel-sandbox' held by a command that died (pid " \
+                   f"{owner.split(':')[1]})" in err + log
+        assert active_slots(home, "*") == 0
+        assert not [d for d in (home / "flywheel-leases").iterdir() if d.name != "shared"]  # all reaped or removed
+        assert processes_with(marker, but=shared) == []
+        print(f"next generate after the kill: {time.monotonic() - t0:.1f} s")
+    finally:
+        stop = subprocess.run([FLYWHEEL, "server", "stop"], env=env, capture_output=True, text=True, timeout=60)
+    if server == "shared":
+        assert stop.stdout.startswith("stopped: http://127.0.0.1:") and f"(pid {shared})" in stop.stdout
+    assert processes_with(marker) == []  # `flywheel server stop` ended the shared server: nothing is left
 
 
 def test_control_prefects_own_server_leaks_the_slots(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agents.reference import ReferencePolicy
 from flows.config import FlywheelConfig
-from flows.flywheel import rollout_rows
+from flows.rollouts import rollout_rows
 from sandbox.backend import open_backend
 from tasks.suites import load_suite
 from warehouse.query import query

@@ -81,7 +81,8 @@ def _cfg(root: Path, ray_address: str | None):
 
     return FlywheelConfig.model_validate({
         "run": {"run_id": "ray-vs-threads", "out": str(root), "ray_address": ray_address, "max_workers": 2},
-        "generate": {"n_tasks": 4, "samples": 1, "chunks": CHUNKS, "concurrency": 2, "batch_size": 2},
+        "generate": {"n_tasks": 4, "samples": 1, "chunks": CHUNKS},
+        "rollout": {"concurrency": 2, "batch_size": 2},
         "teacher": {"kind": "reference", "seed": 3, "noise": {"wrong_answer": 0.3, "no_tool": 0.2}},
         "sandbox": {"backend": "docker"},
     })

@@ -110,8 +110,8 @@ def test_run_parameters_and_overrides_lay_over_the_served_config():
     from flows.config import ConfigError, run_config
 
     served = FlywheelConfig.model_validate({"run": {"out": "/lake"}, "generate": {"n_tasks": 2, "samples": 1}})
-    cfg = run_config(served, {"generate.n_tasks": 12, "generate.split": None}, ["generate.concurrency=3"])
-    assert (cfg.generate.n_tasks, cfg.generate.samples, cfg.generate.concurrency) == (12, 1, 3)
+    cfg = run_config(served, {"generate.n_tasks": 12, "generate.split": None}, ["rollout.concurrency=3"])
+    assert (cfg.generate.n_tasks, cfg.generate.samples, cfg.rollout.concurrency) == (12, 1, 3)
     assert cfg.run.out == "/lake" and cfg.generate.split == served.generate.split
     assert run_config(served, {"generate.n_tasks": 12}, ["generate.n_tasks=5"]).generate.n_tasks == 5  # last wins
     with pytest.raises(ConfigError, match="unknown config key 'generate.ntasks'"):

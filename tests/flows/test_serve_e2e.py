@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import in_background
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.docker]
 
@@ -32,7 +33,7 @@ def write_config(path: Path, lake: Path) -> Path:
     from flows.config import FlywheelConfig
 
     text = (f'[run]\nout = "{lake}"\nmax_workers = 2\n\n'
-            '[generate]\nn_tasks = 2\nsamples = 1\nconcurrency = 2\nbatch_size = 2\n\n'
+            '[generate]\nn_tasks = 2\nsamples = 1\n\n[rollout]\nconcurrency = 2\nbatch_size = 2\n\n'
             '[teacher]\nkind = "reference"\nseed = 1\n\n[sandbox]\nbackend = "docker"\n')
     if "serve" in FlywheelConfig.model_fields:  # the [serve] section, once flows/config.py composes it
         text += ('\n[serve]\nflows = ["generate"]\n\n'
@@ -47,22 +48,8 @@ def serving(config: Path, cwd: Path, api_url: str):
     log_path = cwd / "serve.log"
     env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONUNBUFFERED": "1"}
     argv = [FLYWHEEL, "serve", "--config", str(config), "--flow", "generate"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            yield proc, log_path
-        finally:
-            for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+    with in_background(argv, log_path, cwd=cwd, env=env) as proc:
+        yield proc, log_path
 
 
 def wait_for_deployment(client, name: str, proc, log_path: Path, timeout_s: float = 120):

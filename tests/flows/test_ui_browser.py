@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import stop_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.docker]
 
@@ -40,7 +41,7 @@ def _serve_and_run(prefect_api: str, work: Path):
     lake = work / "lake"
     config = work / "flywheel.toml"
     config.write_text(f'[run]\nout = "{lake}"\nmax_workers = 2\n\n[generate]\nn_tasks = 2\nsamples = 1\n'
-                      'concurrency = 2\n\n[teacher]\nkind = "reference"\n\n[sandbox]\nbackend = "docker"\n')
+                      '\n[rollout]\nconcurrency = 2\n\n[teacher]\nkind = "reference"\n\n[sandbox]\nbackend = "docker"\n')
     log_path = work / "serve.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed by stop()
     proc = subprocess.Popen([FLYWHEEL, "serve", "--config", str(config), "--flow", "generate"], cwd=work,
@@ -48,16 +49,7 @@ def _serve_and_run(prefect_api: str, work: Path):
                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop() -> None:
-        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(proc)
         log.close()
 
     try:

@@ -25,14 +25,6 @@ def small_config(backend: str, **kw) -> SandboxConfig:
     return SandboxConfig(backend=backend, **{**SMALL, **kw})
 
 
-def local_available() -> bool:
-    try:
-        import sandbox.local  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="session")
 def sandbox_image() -> str:
     """The sandbox image id (built from Debian packages on first use, then reused)."""
@@ -55,8 +47,6 @@ def backend(request: pytest.FixtureRequest):
     kind = request.param
     if kind.startswith("docker"):
         request.getfixturevalue("sandbox_image")
-    elif not local_available():
-        pytest.skip("sandbox.local is not written yet")
     from sandbox.backend import open_backend
 
     if kind.endswith("-reuse"):

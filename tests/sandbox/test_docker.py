@@ -261,7 +261,6 @@ def test_containers_go_when_owner_is_killed(sandbox_image, host):
 
 
 def test_auto_fallback_to_local_is_said(monkeypatch, caplog, host):
-    pytest.importorskip("sandbox.local", reason="sandbox.local is not written yet")
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent")
     with caplog.at_level("WARNING"):
         r = exec_once(host.small_config("docker"), ["sh", "-c", "echo via-local"], auto_fallback=True)
