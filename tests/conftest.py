@@ -25,15 +25,19 @@ FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 
 # The CLI starts a shared local Prefect server on first use (flows/localserver.py). Tests get a Prefect home of
 # their own, so they never reuse or stop a user's server, and that server is stopped when the session ends.
+_OWN_HOME = not os.environ.get("FLYWHEEL_TEST_PREFECT_HOME")
 _SESSION_HOME = os.environ.get("FLYWHEEL_TEST_PREFECT_HOME") or tempfile.mkdtemp(prefix="fw-test-prefect-")
 os.environ["PREFECT_HOME"] = _SESSION_HOME
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest's hook signature
-    """Stop the shared server the session's commands started (if any), so nothing of the tests keeps running."""
+    """Stop the shared server the session's commands started (if any), so nothing of the tests keeps running,
+    and remove the session's Prefect home when the session made it."""
     if Path(_SESSION_HOME, "flywheel-server.json").exists():
         subprocess.run([FLYWHEEL, "server", "stop"], env={**os.environ, "PREFECT_HOME": _SESSION_HOME},
                        capture_output=True, timeout=60, check=False)
+    if _OWN_HOME:
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
