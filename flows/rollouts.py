@@ -135,8 +135,9 @@ def rollout_to_lake(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, ro
     """Run a policy (or a list, or a Mixture) over tasks through the real loop with the [rollout] knobs; skip the
     ids the lake has; write rows as batches finish. `on_progress(n)` (optional, with `.finish()`) counts rows."""
     from agents.rollout import plan, rollout
-    from warehouse.lake import existing_ids, write_trajectories
+    from warehouse.lake import existing_ids, warm_writer, write_trajectories
 
+    warm_writer()  # the first write's one-off import cost, paid while the first episodes run
     r = cfg.rollout
     skip = existing_ids(cfg.run.out, run_id, round)
     out = LakeRollout()
