@@ -210,7 +210,6 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
                                           "teacher_endpoint": teacher_endpoint, "backend": backend}, overrides)
     from flows.config import save_config
     from warehouse.lake import compact
-    from warehouse.query import query
     from warehouse.score import pass_rate_of_counts
 
     t0 = time.perf_counter()
@@ -236,6 +235,8 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
            "skipped_existing": sum(r["skipped_existing"] for r in results)}
 
     compact(root, run_id, g.round)  # one file per partition keeps queries fast (crash-safe: see warehouse.lake)
+    from warehouse.query import query  # DuckDB: imported after the episodes, not before the first one
+
     rows = query(root, """
         SELECT policy, verdict, count(*) AS n FROM trajectories
         WHERE run_id = ? AND round = ? GROUP BY ALL ORDER BY ALL""", [run_id, g.round]).to_pylist()
