@@ -36,7 +36,7 @@ from flows.config import FlywheelConfig, SuiteStep
 from flows.curate import stage_curate
 from flows.evaluate import stage_baseline, stage_student
 from flows.generate import new_run_id, stage_teacher, teacher_ahead_process
-from flows.rollouts import check_teacher_and_sandbox
+from flows.rollouts import check_teacher_and_sandbox, preflight_once
 from flows.stages import Ledger
 from flows.train import stage_base, stage_grpo, stage_sft
 
@@ -93,7 +93,7 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_id": run_id})})
     root = cfg.run.out
     if not resume:
-        preflight(cfg)
+        preflight(cfg, recheck=False)  # the CLI checked this config already; other starts are checked here
         save_config(cfg, root, run_id)
     ledger = Ledger(root, run_id)
     logger = get_run_logger()
@@ -140,13 +140,17 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
                            wall_s=time.perf_counter() - t0)
 
 
-def preflight(cfg: FlywheelConfig) -> None:
-    """Fail fast before anything is written: suites, teacher(s), sandbox engine."""
+def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
+    """Fail fast before anything is written: suites, teacher(s), sandbox engine. recheck=False skips a config
+    this process already passed (flows.rollouts.preflight_once)."""
     from tasks.suites import check_suite
 
-    for step in cfg.flywheel.suites:
-        check_suite(step.suite)
-    check_teacher_and_sandbox(cfg)
+    def check(c: FlywheelConfig) -> None:
+        for step in c.flywheel.suites:
+            check_suite(step.suite)
+        check_teacher_and_sandbox(c)
+
+    preflight_once("flywheel", cfg, check, recheck=recheck)
 
 
 def print_summary(s: FlywheelSummary) -> None:

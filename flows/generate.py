@@ -27,6 +27,7 @@ from flows.rollouts import (
     build_teacher,
     check_teacher_and_sandbox,
     joining_tasks,
+    preflight_once,
     rollout_backend,
     rollout_rows,
     rollout_to_lake,
@@ -166,12 +167,16 @@ def chunked(items: list, n: int) -> list[list]:
     return out
 
 
-def preflight(cfg: FlywheelConfig) -> None:
-    """Fail fast, before anything is written: suite, teacher endpoint(s), sandbox engine."""
+def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
+    """Fail fast, before anything is written: suite, teacher endpoint(s), sandbox engine. recheck=False skips a
+    config this process already passed (flows.rollouts.preflight_once)."""
     from tasks.suites import check_suite
 
-    check_suite(cfg.generate.suite)
-    check_teacher_and_sandbox(cfg)
+    def check(c: FlywheelConfig) -> None:
+        check_suite(c.generate.suite)
+        check_teacher_and_sandbox(c)
+
+    preflight_once("generate", cfg, check, recheck=recheck)
 
 
 @flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=2))
@@ -205,11 +210,10 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
                                           "teacher_endpoint": teacher_endpoint, "backend": backend}, overrides)
     from flows.config import save_config
     from warehouse.lake import compact
-    from warehouse.query import query
     from warehouse.score import pass_rate_of_counts
 
     t0 = time.perf_counter()
-    preflight(cfg)
+    preflight(cfg, recheck=False)  # the CLI checked this config already; other starts are checked here
     run_id = cfg.run.run_id or new_run_id("gen")
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_id": run_id})})
     logger = get_run_logger()
@@ -231,6 +235,8 @@ def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | No
            "skipped_existing": sum(r["skipped_existing"] for r in results)}
 
     compact(root, run_id, g.round)  # one file per partition keeps queries fast (crash-safe: see warehouse.lake)
+    from warehouse.query import query  # DuckDB: imported after the episodes, not before the first one
+
     rows = query(root, """
         SELECT policy, verdict, count(*) AS n FROM trajectories
         WHERE run_id = ? AND round = ? GROUP BY ALL ORDER BY ALL""", [run_id, g.round]).to_pylist()

@@ -87,6 +87,20 @@ def check_teacher_and_sandbox(cfg: FlywheelConfig) -> None:
     check_backend(cfg.sandbox)
 
 
+_PREFLIGHT_PASSED: set[tuple[str, str]] = set()
+
+
+def preflight_once(kind: str, cfg: FlywheelConfig, check: Callable[[FlywheelConfig], None], *,
+                   recheck: bool) -> None:
+    """Run a stage's preflight `check` on cfg, or skip it when recheck is False and this process already passed
+    the same check on the same config (its run id aside): the CLI checks before it starts the flow, so the flow
+    does not check twice; a flow started any other way (a deployment run, a Python call) still checks."""
+    key = (kind, cfg.model_dump_json(exclude={"run": {"run_id"}}))
+    if recheck or key not in _PREFLIGHT_PASSED:
+        check(cfg)
+        _PREFLIGHT_PASSED.add(key)
+
+
 def _policy_names(policy) -> list[str]:
     from agents.mixture import Mixture
 
@@ -121,8 +135,9 @@ def rollout_to_lake(cfg: FlywheelConfig, tasks: list, policy, *, run_id: str, ro
     """Run a policy (or a list, or a Mixture) over tasks through the real loop with the [rollout] knobs; skip the
     ids the lake has; write rows as batches finish. `on_progress(n)` (optional, with `.finish()`) counts rows."""
     from agents.rollout import plan, rollout
-    from warehouse.lake import existing_ids, write_trajectories
+    from warehouse.lake import existing_ids, warm_writer, write_trajectories
 
+    warm_writer()  # the first write's one-off import cost, paid while the first episodes run
     r = cfg.rollout
     skip = existing_ids(cfg.run.out, run_id, round)
     out = LakeRollout()

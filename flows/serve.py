@@ -100,9 +100,12 @@ def run_config_of(cfg: FlywheelConfig, flow: str, params: dict[str, Any],
     `cfg`, the served config in a deployment run (its hidden `cfg` parameter) or the CLI's. ConfigError names a
     bad key. In a deployment run a `cfg` that lacks sections was replaced by hand (`--param cfg=...`) and would
     drop the served config's values for the defaults: refused, naming the parameters to use instead."""
-    from prefect.runtime import deployment
+    from prefect.context import FlowRunContext
 
-    if deployment.id is not None:
+    ctx = FlowRunContext.get()  # the run's own record: no API call (prefect.runtime.deployment.id makes one)
+    if ctx is not None and ctx.flow_run is not None and ctx.flow_run.deployment_id is not None:
+        from prefect.runtime import deployment
+
         missing = [s for s in FlywheelConfig.model_fields if s != "serve" and s not in cfg.model_fields_set]
         if missing:
             raise ConfigError(

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -170,6 +171,20 @@ def trajectories_to_file_table(rows: list[Trajectory]) -> pa.Table:
     cols = [_messages_array(rows) if f.name == "messages" else pa.array([getattr(r, f.name) for r in rows], f.type)
             for f in FILE_SCHEMA]
     return pa.Table.from_arrays(cols, schema=FILE_SCHEMA)
+
+
+_WARM_LOCK = threading.Lock()
+_WARMED: list[threading.Thread] = []
+
+
+def warm_writer() -> None:
+    """Start, once per process, a thread that pays pyarrow's first-array cost now (its first pa.array imports
+    pandas: about 0.5 s), so that it overlaps the episodes, which mostly wait on sandboxes, instead of delaying the
+    first write. Nothing depends on it: a write that comes first waits on the import as it would anyway."""
+    with _WARM_LOCK:
+        if not _WARMED:
+            _WARMED.append(threading.Thread(target=pa.array, args=([], pa.string()), name="flywheel-warm-arrow"))
+            _WARMED[0].start()
 
 
 def write_trajectories(root: str, rows: Iterable[Trajectory]) -> WriteResult:

@@ -85,3 +85,19 @@ def test_readme_config_example_loads(tmp_path):
     (tmp_path / "c.toml").write_text(block)
     cfg = load_config(tmp_path / "c.toml")
     assert cfg.rollout.concurrency == 8 and len(cfg.teacher_mixture.policies) == 2 and cfg.judge.model == "judge"
+
+
+def test_the_flow_skips_only_a_preflight_this_process_passed_on_the_same_config(tmp_path):
+    """The CLI checks before it starts the flow, the flow does not check twice (the run id aside); a config that
+    never passed is still checked and refused."""
+    from flows.config import load_config
+    from flows.generate import preflight
+    from tasks.suites import UnknownSuiteError
+
+    sets = ['sandbox.backend="local"', f'run.out="{tmp_path / "lake"}"']
+    good = load_config(None, sets)
+    preflight(good)
+    preflight(good.model_copy(update={"run": good.run.model_copy(update={"run_id": "gen-1"})}), recheck=False)
+    bad = load_config(None, [*sets, 'generate.suite="no-such-suite"'])
+    with pytest.raises(UnknownSuiteError, match="no-such-suite"):
+        preflight(bad, recheck=False)
