@@ -187,7 +187,9 @@ def _call_step(call: str, methods: dict[str, Any]) -> ToolCallStep:
     args = [ast.literal_eval(a) for a in node.args]
     kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
     if args:
-        bound = inspect.signature(methods[name]).bind_partial(*args, **kwargs)
+        sig = inspect.signature(methods[name])  # a class's function: drop `self`
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+        bound = sig.bind_partial(*args, **kwargs)
         kwargs = dict(bound.arguments)
     return ToolCallStep(tool=name, arguments=kwargs)
 
