@@ -8,7 +8,7 @@
   imports from the wheel) needs; a class with any is left out, and so is every task that involves it.
 - `load_entries(wheel)`: the base multi-turn entries (question turns, initial_config, involved_classes, and the
   possible_answer ground truth joined by id) that need only standard-library classes, plus the left-out count.
-- `load_bfcl(n)`: those entries as flywheel Tasks (suite `bfcl-multi-turn`): the first user turn as the prompt,
+- `load_bfcl(n, split="heldout")`: those entries as flywheel Tasks (suite `bfcl-multi-turn`): the first user turn as the prompt,
   the later turns, the initial state, the involved classes and the function docs in metadata, the tools named after
   the functions, the ground-truth calls as the reference's steps (turn by turn).
 - `check(entry, model_turns)`: BFCL's own `multi_turn_checker` (eval_checker/multi_turn_eval in the wheel), imported
@@ -48,7 +48,11 @@ _ANSWERS = "bfcl_eval/data/possible_answer/BFCL_v4_multi_turn_base.json"
 _DOCS = "bfcl_eval/data/multi_turn_func_doc/"
 
 
-class BfclMissing(RuntimeError):
+class BfclError(ValueError):
+    """A request the BFCL loader refuses (a split it does not have, a suite it cannot roll out)."""
+
+
+class BfclMissing(BfclError):
     """The bfcl-eval wheel is missing, or holds something this loader cannot run."""
 
 
@@ -194,8 +198,11 @@ def _call_step(call: str, methods: dict[str, Any]) -> ToolCallStep:
     return ToolCallStep(tool=name, arguments=kwargs)
 
 
-def load_bfcl(n: int | None = None, wheel: Path | None = None) -> list[Task]:
-    """The first n loadable base entries as Tasks (all of them when n is None)."""
+def load_bfcl(n: int | None = None, wheel: Path | None = None, split: str = "heldout") -> list[Task]:
+    """The first n loadable base entries as Tasks (all of them when n is None); all are heldout."""
+    if split != "heldout":
+        raise BfclError(f"{SUITE} is BFCL's evaluation set: every task is heldout, none is {split}; "
+                        "ask for split heldout (--split heldout)")
     wheel = wheel or wheel_path()
     entries, left_out = load_entries(wheel)
     classes = {c: getattr(_import_from_wheel(wheel, m), c) for c, m in _class_modules(wheel).items()

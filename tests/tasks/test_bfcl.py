@@ -6,6 +6,7 @@ only when the registry cannot be reached. The fetch-failure test points pip at a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -93,3 +94,29 @@ def test_an_unreachable_registry_is_a_fetch_error_naming_the_command(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "could not fetch the bfcl-eval" in proc.stdout and "pip download --no-deps bfcl-eval==" in proc.stdout
     assert not list((tmp_path / "c").glob("*.whl"))
+
+
+def _flywheel(*args: str, cwd) -> subprocess.CompletedProcess:
+    from tests.conftest import FLYWHEEL
+
+    return subprocess.run([FLYWHEEL, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_suite_through_the_cli_show_export_validate_and_a_refused_rollout(wheel, entries, tmp_path):
+    kept, _ = entries
+    shown = _flywheel("tasks", "show", "bfcl-multi-turn", "--n", "2", "--split", "heldout", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [r["id"] for r in rows] == [e["id"] for e in kept[:2]] and rows[0]["verifier"]["kind"] == "bfcl"
+    train = _flywheel("tasks", "show", "bfcl-multi-turn", cwd=tmp_path)
+    assert train.returncode == 2 and "every task is heldout" in train.stderr and "Traceback" not in train.stderr
+    out = tmp_path / "bfcl.jsonl"
+    exported = _flywheel("tasks", "export", "bfcl-multi-turn", str(out), "--n", str(len(kept)), "--split", "heldout",
+                         cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert len(out.read_text().splitlines()) == len(kept)
+    valid = _flywheel("tasks", "validate", str(out), cwd=tmp_path)
+    assert valid.returncode == 0 and valid.stdout.startswith("ok:"), valid.stderr
+    gen = _flywheel("generate", "--suite", "bfcl-multi-turn", "--teacher", "reference", cwd=tmp_path)
+    assert gen.returncode == 2 and "cannot be rolled out yet" in gen.stderr and "Traceback" not in gen.stderr
