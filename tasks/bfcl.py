@@ -24,6 +24,7 @@ data anywhere but the cache.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import os
@@ -129,11 +130,13 @@ def _class_modules(wheel: Path) -> dict[str, str]:
     return dict(ns["CLASS_FILE_PATH_MAPPING"])
 
 
+@functools.lru_cache(maxsize=4)
 def api_imports(wheel: Path) -> dict[str, list[str]]:
     """Class name -> the non-standard-library modules it needs ([] = runs on the standard library alone)."""
-    return {cls: sorted(_needs(wheel, mod)) for cls, mod in _class_modules(wheel).items()}
+    return {cls: sorted(_needs(wheel, mod)) for cls, mod in _class_modules(wheel).items()}  # callers: do not mutate
 
 
+@functools.lru_cache(maxsize=4)
 def _checker_stdlib_only(wheel: Path) -> None:
     for path in _CHECKER[:2]:
         need = _needs(wheel, path.removesuffix(".py").replace("/", "."))
@@ -230,6 +233,11 @@ def check(entry: dict[str, Any], model_turns: list[list[str]], wheel: Path | Non
     Returns the checker's dict ({'valid': True} or valid False with error_type and error_message)."""
     wheel = wheel or wheel_path()
     _checker_stdlib_only(wheel)
+    needs = api_imports(wheel)
+    beyond = {c: needs.get(c, ["(not a BFCL class)"]) for c in entry["involved_classes"]}
+    if any(beyond.values()):
+        raise BfclMissing(f"{entry['id']} involves classes that need more than the standard library: "
+                          f"{ {c: m for c, m in beyond.items() if m} }; this loader leaves such tasks out")
     checker = _import_from_wheel(wheel, _CHECKER[0].removesuffix(".py").replace("/", "."))
     utils = _import_from_wheel(wheel, _CHECKER[1].removesuffix(".py").replace("/", "."))
     model = f"flywheel_{uuid.uuid4().hex}"  # BFCL keeps instances in its module globals, keyed by model name

@@ -40,6 +40,9 @@ def test_ground_truth_replay_passes_on_every_loadable_base_task(wheel, entries):
     needs = bfcl.api_imports(wheel)
     assert all(needs[c] for c in left_out), left_out  # only classes that need more than the stdlib left out
     assert len(kept) + sum(left_out.values()) == 200
+    math_task = {"id": "x_0", "involved_classes": ["MathAPI"], "initial_config": {}, "ground_truth": [["mean([1])"]]}
+    with pytest.raises(bfcl.BfclMissing, match="mpmath"):
+        bfcl.replay(math_task, wheel=wheel)
 
 
 @pytest.mark.slow
