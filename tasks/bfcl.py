@@ -39,8 +39,6 @@ from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
 
 BFCL_VERSION = "2026.3.23"
 SUITE = "bfcl-multi-turn"
-_API = "bfcl_eval/eval_checker/multi_turn_eval/func_source_code/"
-_API_PKG = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 _CHECKER = ("bfcl_eval/eval_checker/multi_turn_eval/multi_turn_checker.py",
             "bfcl_eval/eval_checker/multi_turn_eval/multi_turn_utils.py",
             "bfcl_eval/constants/executable_backend_config.py")
@@ -73,6 +71,9 @@ def wheel_path(fetch: bool = True) -> Path:
     """The cached wheel; fetched without dependencies on first use (fetch=False: a BfclMissing instead)."""
     wheel = cache_dir() / f"bfcl_eval-{BFCL_VERSION}-py3-none-any.whl"
     if wheel.is_file():
+        if not zipfile.is_zipfile(wheel):
+            raise BfclMissing(f"{wheel} is not a wheel (a broken download?); delete it and fetch it again: "
+                              f"rm {wheel} && {fetch_command()}")
         return wheel
     if not fetch:
         raise BfclMissing(f"the bfcl-eval {BFCL_VERSION} wheel is not in {cache_dir()}; fetch it: {fetch_command()}")
@@ -123,11 +124,16 @@ def _needs(wheel: Path, module: str, seen: set[str] | None = None) -> set[str]:
     return missing
 
 
-def _class_modules(wheel: Path) -> dict[str, str]:
-    """BFCL's CLASS_FILE_PATH_MAPPING (class name -> module), read from the wheel's constants (pure literals)."""
+def _backend_config(wheel: Path) -> dict[str, Any]:
+    """The wheel's constants/executable_backend_config.py (pure literals: class -> module, class -> doc file)."""
     ns: dict[str, Any] = {}
     exec(compile(_read(wheel, _CHECKER[2]), _CHECKER[2], "exec"), ns)  # noqa: S102 - constants only
-    return dict(ns["CLASS_FILE_PATH_MAPPING"])
+    return ns
+
+
+def _class_modules(wheel: Path) -> dict[str, str]:
+    """BFCL's CLASS_FILE_PATH_MAPPING: class name -> module."""
+    return dict(_backend_config(wheel)["CLASS_FILE_PATH_MAPPING"])
 
 
 @functools.lru_cache(maxsize=4)
@@ -179,9 +185,7 @@ def load_entries(wheel: Path | None = None) -> tuple[list[dict[str, Any]], dict[
 
 def function_docs(wheel: Path, classes: list[str]) -> list[dict[str, Any]]:
     """The function docs of the given classes, as the wheel's multi_turn_func_doc holds them."""
-    ns: dict[str, Any] = {}
-    exec(compile(_read(wheel, _CHECKER[2]), _CHECKER[2], "exec"), ns)  # noqa: S102 - constants only
-    files = ns["MULTI_TURN_FUNC_DOC_FILE_MAPPING"]
+    files = _backend_config(wheel)["MULTI_TURN_FUNC_DOC_FILE_MAPPING"]
     return [doc for c in classes for doc in _json_lines(_read(wheel, _DOCS + files[c]))]
 
 

@@ -87,6 +87,13 @@ def test_a_missing_wheel_names_the_command_that_fixes_it(tmp_path, monkeypatch):
         bfcl.wheel_path(fetch=False)
 
 
+def test_a_broken_cached_wheel_is_named_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_BFCL_CACHE", str(tmp_path))
+    (tmp_path / f"bfcl_eval-{bfcl.BFCL_VERSION}-py3-none-any.whl").write_text("<html>proxy error</html>")
+    with pytest.raises(bfcl.BfclMissing, match="is not a wheel .* delete it and fetch it again: rm "):
+        bfcl.wheel_path()
+
+
 def test_an_unreachable_registry_is_a_fetch_error_naming_the_command(tmp_path):
     # fault injection: pip pointed at a closed loopback port, in a child so no env leaks into this process
     env = {**os.environ, "FLYWHEEL_BFCL_CACHE": str(tmp_path / "c"), "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
