@@ -16,9 +16,11 @@
   loaded from initial_config, then the state check (every public attribute of every instance equals the ground
   truth's) and the response check (the ground truth's results are an unordered sub-multiset of all the model's
   results so far). `replay(entry, drop=None)` checks the ground truth itself, with one call left out if asked.
-This module runs the classes in the calling process (BFCL's checker `eval`s call strings as BFCL does); it does
-not run them in a sandbox, does not judge episodes (no flywheel verifier kind runs it yet) and never writes the
-data anywhere but the cache.
+- `check_in_sandbox(entry, model_turns, backend)`: the same checker run inside one fresh sandbox: the wheel's
+  checker and the entry's class sources are written to its workspace and its python3 runs them.
+`check` runs the classes in the calling process (BFCL's checker `eval`s call strings, as BFCL does). This module
+does not expose the classes as an agent's tools, does not judge episodes (no flywheel verifier kind runs it yet)
+and never writes the data anywhere but the cache (and a sandbox's workspace).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import functools
 import inspect
 import json
 import os
+import secrets
 import subprocess
 import sys
 import uuid
@@ -35,6 +38,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from sandbox.result import Backend, SandboxError
 from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
 
 BFCL_VERSION = "2026.3.23"
@@ -231,17 +235,22 @@ def load_bfcl(n: int | None = None, wheel: Path | None = None, split: str = "hel
     return tasks
 
 
-def check(entry: dict[str, Any], model_turns: list[list[str]], wheel: Path | None = None) -> dict[str, Any]:
-    """BFCL's multi_turn_checker on one entry: `model_turns` holds, per turn, the model's call strings (one step).
-
-    Returns the checker's dict ({'valid': True} or valid False with error_type and error_message)."""
-    wheel = wheel or wheel_path()
+def _require_stdlib(wheel: Path, entry: dict[str, Any]) -> None:
+    """BfclMissing unless BFCL's checker and every class the entry involves run on the standard library alone."""
     _checker_stdlib_only(wheel)
     needs = api_imports(wheel)
     beyond = {c: needs.get(c, ["(not a BFCL class)"]) for c in entry["involved_classes"]}
     if any(beyond.values()):
         raise BfclMissing(f"{entry['id']} involves classes that need more than the standard library: "
                           f"{ {c: m for c, m in beyond.items() if m} }; this loader leaves such tasks out")
+
+
+def check(entry: dict[str, Any], model_turns: list[list[str]], wheel: Path | None = None) -> dict[str, Any]:
+    """BFCL's multi_turn_checker on one entry: `model_turns` holds, per turn, the model's call strings (one step).
+
+    Returns the checker's dict ({'valid': True} or valid False with error_type and error_message)."""
+    wheel = wheel or wheel_path()
+    _require_stdlib(wheel, entry)
     checker = _import_from_wheel(wheel, _CHECKER[0].removesuffix(".py").replace("/", "."))
     utils = _import_from_wheel(wheel, _CHECKER[1].removesuffix(".py").replace("/", "."))
     model = f"flywheel_{uuid.uuid4().hex}"  # BFCL keeps instances in its module globals, keyed by model name
@@ -259,3 +268,57 @@ def replay(entry: dict[str, Any], drop: tuple[int, int] | None = None, wheel: Pa
     if drop is not None:
         del turns[drop[0]][drop[1]]
     return check(entry, turns, wheel)
+
+
+_DRIVER = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+job = json.load(open("bfcl_job.json"))
+e = job["entry"]
+r = multi_turn_checker([[t] for t in job["model_turns"]], e["ground_truth"], e, e["id"].rsplit("_", 1)[0],
+                       "flywheel")
+print(sys.argv[1], json.dumps({k: r.get(k) for k in ("valid", "error_type", "error_message")}))
+"""
+
+
+def _sandbox_files(wheel: Path, classes: list[str]) -> dict[str, str]:
+    """The wheel's sources BFCL's checker needs for these classes (with every package __init__ on the way)."""
+    mods = {p.removesuffix(".py").replace("/", ".") for p in _CHECKER}
+    todo = [_class_modules(wheel)[c] for c in classes]
+    while todo:
+        m = todo.pop()
+        if m not in mods:
+            mods.add(m)
+            todo += [n for n in _imports(_read(wheel, m.replace(".", "/") + ".py")) if n.startswith("bfcl_eval.")]
+    paths = {m.replace(".", "/") + ".py" for m in mods}
+    for m in list(mods):
+        parts = m.split(".")
+        paths |= {"/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts))}
+    return {p: _read(wheel, p) for p in sorted(paths)}
+
+
+def check_in_sandbox(entry: dict[str, Any], model_turns: list[list[str]], backend: Backend,
+                     wheel: Path | None = None) -> dict[str, Any]:
+    """`check`, run inside one fresh sandbox of `backend` (acquire, one exec, close): the wheel's checker and the
+    entry's API classes as source files in its workspace, its python3 running them. Returns valid, error_type and
+    error_message; a sandbox that fails is a SandboxError, never a verdict."""
+    wheel = wheel or wheel_path()
+    _require_stdlib(wheel, entry)
+    marker = "__BFCL_" + secrets.token_hex(8)
+    files = _sandbox_files(wheel, entry["involved_classes"])
+    files["bfcl_job.json"] = json.dumps({"entry": entry, "model_turns": model_turns})
+    sandbox = backend.acquire()
+    try:
+        sandbox.write_files(files)
+        res = sandbox.exec(["python3", "-I", "-c", _DRIVER, marker])
+    finally:
+        try:
+            sandbox.close()
+        except SandboxError:
+            pass
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(marker + " ")]
+    if res.verdict == "infra_error" or res.exit_code != 0 or not lines:
+        raise SandboxError(f"BFCL's checker did not finish in the sandbox for {entry['id']}: exit {res.exit_code}, "
+                           f"{res.error or res.stderr[-500:]}")
+    return json.loads(lines[-1][len(marker) + 1:])

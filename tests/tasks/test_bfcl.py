@@ -130,3 +130,20 @@ def test_the_suite_through_the_cli_show_export_validate_and_a_refused_rollout(wh
     assert valid.returncode == 0 and valid.stdout.startswith("ok:"), valid.stderr
     gen = _flywheel("generate", "--suite", "bfcl-multi-turn", "--teacher", "reference", cwd=tmp_path)
     assert gen.returncode == 2 and "cannot be rolled out yet" in gen.stderr and "Traceback" not in gen.stderr
+
+
+@pytest.mark.slow
+def test_the_checker_and_the_classes_run_inside_a_sandbox(wheel, entries):
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+
+    kept, _ = entries
+    with open_backend(SandboxConfig(backend="local")) as backend:
+        failed = [e["id"] for e in kept if not bfcl.check_in_sandbox(e, e["ground_truth"], backend, wheel)["valid"]]
+        print(f"\nin the sandbox: ground truth passes on {len(kept) - len(failed)}/{len(kept)}")
+        assert not failed, failed
+        for e in kept[:10]:
+            turns = [list(t) for t in e["ground_truth"]]
+            del turns[0][0]
+            got = bfcl.check_in_sandbox(e, turns, backend, wheel)
+            assert got["valid"] is False and got["error_type"].startswith("multi_turn:"), (e["id"], got)
