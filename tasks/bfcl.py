@@ -197,7 +197,7 @@ def _call_step(call: str, methods: dict[str, Any]) -> ToolCallStep:
     """A ground-truth call string as a tool call (positional arguments named by the method's signature)."""
     node = ast.parse(call, mode="eval").body
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        raise ValueError(f"ground-truth call {call!r} is not a plain function call")
+        raise BfclError(f"ground-truth call {call!r} is not a plain function call")
     name = node.func.id
     args = [ast.literal_eval(a) for a in node.args]
     kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
@@ -214,8 +214,13 @@ def load_bfcl(n: int | None = None, wheel: Path | None = None, split: str = "hel
     if split != "heldout":
         raise BfclError(f"{SUITE} is BFCL's evaluation set: every task is heldout, none is {split}; "
                         "ask for split heldout (--split heldout)")
+    if n is not None and n < 0:
+        raise BfclError(f"n must be >= 0, not {n}")
     wheel = wheel or wheel_path()
     entries, left_out = load_entries(wheel)
+    if n is not None and n > len(entries):
+        raise BfclError(f"{SUITE} holds {len(entries)} loadable tasks ({sum(left_out.values())} left out: "
+                        f"{left_out}); asked for {n}: ask for fewer")
     classes = {c: getattr(_import_from_wheel(wheel, m), c) for c, m in _class_modules(wheel).items()
                if c in {k for e in entries for k in e["involved_classes"]}}
     tasks = []

@@ -128,6 +128,8 @@ def test_the_suite_through_the_cli_show_export_validate_and_a_refused_rollout(wh
     assert len(out.read_text().splitlines()) == len(kept)
     valid = _flywheel("tasks", "validate", str(out), cwd=tmp_path)
     assert valid.returncode == 0 and valid.stdout.startswith("ok:"), valid.stderr
+    many = _flywheel("tasks", "show", "bfcl-multi-turn", "--n", "500", "--split", "heldout", cwd=tmp_path)
+    assert many.returncode == 2 and f"holds {len(kept)} loadable tasks" in many.stderr, many.stderr
     gen = _flywheel("generate", "--suite", "bfcl-multi-turn", "--teacher", "reference", cwd=tmp_path)
     assert gen.returncode == 2 and "cannot be rolled out yet" in gen.stderr and "Traceback" not in gen.stderr
 
