@@ -5,6 +5,7 @@ Each suite is a deterministic generator `generate(n, *, split, seed, difficulty)
 An unknown suite name is an UnknownSuiteError naming the known ones. A name that is the path of an existing task
 file is read with tasks/loaders.py (which holds the parsing and validation); a name that is a folder of Harbor
 tasks (or one task folder) is read with tasks/harbor.py, and its task images are built (or reused) on the way.
+`bfcl-multi-turn` is read from the bfcl-eval wheel with tasks/bfcl.py (all heldout; it cannot be rolled out yet).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
     `name` may also be the path of a task file (tasks/loaders.py): then the first n tasks of the given split, in
     file order (seed and difficulty do not apply), and a ValueError when the file holds fewer than n of them.
     """
+    if name == "bfcl-multi-turn":
+        from tasks.bfcl import load_bfcl
+
+        return load_bfcl(n, split=split)
     if _is_harbor(name):
         from tasks.harbor import load_harbor
 
@@ -104,6 +109,12 @@ def _is_harbor(name: str) -> bool:
 def check_suite(name: str) -> None:
     """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files) or HarborTaskError /
     SandboxUnavailable (Harbor folders: their images are built here) before anything runs."""
+    if name == "bfcl-multi-turn":
+        from tasks.bfcl import BfclError
+
+        raise BfclError("bfcl-multi-turn cannot be rolled out yet: its API classes do not run as sandbox tools and "
+                          "no verifier kind runs BFCL's checker; read it with `flywheel tasks show bfcl-multi-turn "
+                          "--split heldout` or `flywheel tasks export`")
     if _is_harbor(name):
         from tasks.harbor import load_harbor
 
