@@ -156,9 +156,10 @@ def trigger_served_run(home: Path, err: Path, p: subprocess.Popen, deadline: flo
 def kill_mid_rollout(tmp: Path, env: dict, home: Path, backend: str = "local",
                      command: str = "generate") -> tuple[dict[int, str], str]:
     """Start a long generate (or run, or serve and a served run of generate), wait until it holds its 8 sandbox
-    slots (`run`, with no student warm-up: until its round-1 teacher rollouts start), SIGKILL it; returns its descendants (pid -> start time) as they were just before the kill
-    (its sandboxes, its own server with FLYWHEEL_LOCAL_SERVER=own, the flow-run process of `serve`; never the
-    shared server), and the Docker owner label value of its sandbox containers."""
+    slots (`run`, with no student warm-up: until its round-1 teacher rollouts start), SIGKILL it; returns its
+    descendants (pid -> start time) as they were just before the kill (its sandboxes, its own server with
+    FLYWHEEL_LOCAL_SERVER=own, the flow-run process of `serve`; never the shared server), and the Docker owner
+    label value of its sandbox containers."""
     p = start_generate(tmp, env, 400, "lake-killed", backend, command)
     deadline = time.monotonic() + 400
     err = tmp / "lake-killed.err"
