@@ -41,7 +41,7 @@ DEPLOYMENT = f"generate/{NAME}"
 
 def write_config(path: Path, lake: Path) -> Path:
     path.write_text(f'[run]\nout = "{lake}"\nmax_workers = 2\n\n'
-                    '[generate]\nn_tasks = 2\nsamples = 1\nconcurrency = 2\nbatch_size = 2\n\n'
+                    '[generate]\nn_tasks = 2\nsamples = 1\n\n[rollout]\nconcurrency = 2\nbatch_size = 2\n\n'
                     '[teacher]\nkind = "reference"\nseed = 3\n\n[sandbox]\nbackend = "local"\n\n'
                     f'[serve]\nname = "{NAME}"\nflows = ["generate"]\n\n'
                     '[limits]\nsandbox_slots = 9\n')  # above every test's concurrency: harmless to the session
@@ -80,7 +80,7 @@ def test_deploy_needs_a_server_and_an_existing_pool(prefect_api, tmp_path):
     no_server = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     p = cli(FLYWHEEL, "deploy", "--work-pool", POOL, "--config", str(config), env=no_server)
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip().splitlines()[-1].startswith("error: flywheel serve needs a Prefect server")
+    assert p.stderr.strip().splitlines()[-1].startswith("error: no Prefect server: run `flywheel server start`")
     p = cli(FLYWHEEL, "deploy", "--work-pool", "no-such-pool", "--config", str(config),
             env={**os.environ, "PREFECT_API_URL": prefect_api})
     assert p.returncode == 2, p.stderr
