@@ -168,9 +168,9 @@ def test_retry_after_parsing():
 
 
 def test_proxy_from_the_environment_read_once(monkeypatch):
-    monkeypatch.setenv("HTTPS_PROXY", "http://10.9.9.9:3128")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.9:3128")
     monkeypatch.setenv("NO_PROXY", "internal.example")
-    assert OpenAIPolicy(base_url="https://api.example.com/v1", model="m")._proxy == "http://10.9.9.9:3128"
+    assert OpenAIPolicy(base_url="https://api.example.com/v1", model="m")._proxy == "http://127.0.0.9:3128"
     assert OpenAIPolicy(base_url="https://internal.example/v1", model="m")._proxy is None
     monkeypatch.delenv("HTTPS_PROXY")
     assert OpenAIPolicy(base_url="https://api.example.com/v1", model="m")._proxy is None

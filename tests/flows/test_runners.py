@@ -43,8 +43,8 @@ def test_bad_max_workers_names_the_key():
 
 def test_ray_runner_addresses():
     pytest.importorskip("prefect_ray")
-    r = make_task_runner("ray://10.0.0.1:10001")
-    assert type(r).__name__ == "RayTaskRunner" and r.address == "ray://10.0.0.1:10001"
+    r = make_task_runner("ray://127.0.0.2:10001")
+    assert type(r).__name__ == "RayTaskRunner" and r.address == "ray://127.0.0.2:10001"
     auto = make_task_runner("auto")
     assert auto.address is None and auto.init_kwargs["address"] == "auto"  # look up, never start, a cluster
 
