@@ -698,6 +698,7 @@ class DockerSandbox:
         box.interp = None
         self._call_before: _Counters | None = None  # the cgroup counters when the running call started
         self._death: tuple[bool, bool, str | None] | None = None  # (oom, pids, reset note) when its interpreter died
+        self._probe = False  # whether the next run_python first checks that the interpreter still answers
         self._note: str | None = None  # said once in the next run_python's stderr (interpreter or sandbox reset)
         self._oom_seen = False
         self.closed = False
@@ -800,6 +801,7 @@ class DockerSandbox:
         if user is not None and not re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user):
             raise ValueError(f"exec user must be 'UID:GID', both non-zero, got {user!r}")
         with self._lock:
+            self._probe = True
             return self._exec(list(argv), timeout_s or self.config.timeout_s, stdin, user)
 
     def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None,
@@ -901,7 +903,8 @@ class DockerSandbox:
         before = self._counters()
         notes = [self._note] if self._note else []
         self._note = None
-        if self._interp is not None and self._interp.client.gone():
+        probe, self._probe = self._probe, False  # a command ran since the last call: it may have killed the interpreter
+        if self._interp is not None and (self._interp.client.gone() or (probe and not self._interp.client.answers())):
             gone_code = self._exit_code(self._interp.exec_id, wait_s=0.2) if self._interp.exec_id else None
             self._drop_interpreter()
             notes.append(f"{GONE_NOTE} (exit {gone_code})")

@@ -526,6 +526,7 @@ def interpreter_argv(python: str = "python3") -> list[str]:
     return [python, "-u", "-c", interpreter_source()]
 
 
+PROBE_TIMEOUT_S = 5.0  # answers(): an idle interpreter answers `pass` in ~1 ms; a dead one's stream ends well before
 GONE_NOTE = ("[sandbox] the interpreter had died since the last call (an out-of-memory kill or a kill signal during "
              "an earlier command): a fresh one runs this call, earlier variables are gone")
 
@@ -682,6 +683,20 @@ class InterpreterClient:
             elif data:
                 self._buf += data  # a stray line; the next call's id check refuses it
         return self.eof
+
+    def answers(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+        """Whether the idle interpreter still answers a no-op cell. For a channel that may lag behind a death:
+        a `docker exec` stream closes only when the daemon has noticed the exit, so just after a command killed
+        the interpreter `gone()` can still say no. A dead one here is closed without the kill callback (it is
+        dead already; the caller starts a fresh one, as after `gone()`)."""
+        if self.gone() or not self.alive:
+            return False
+        kill, self.kill = self.kill, None
+        try:
+            raw = self.call_raw("pass", timeout_s, 4096)
+        finally:
+            self.kill = kill
+        return not raw["died"]
 
     def call_raw(self, code: str, timeout_s: float, output_limit: int,
                  watch: Callable[[], None] | None = None) -> dict[str, Any]:

@@ -158,7 +158,8 @@ def _messages_array(rows: list[Trajectory]) -> pa.Array:
     message = pa.StructArray.from_arrays(
         [pa.array([m.role for m in msgs], pa.string()), pa.array([m.content for m in msgs], pa.string()),
          tool_calls, pa.array([m.tool_call_id for m in msgs], pa.string()),
-         pa.array([m.name for m in msgs], pa.string())], fields=list(MESSAGE_TYPE))
+         pa.array([m.name for m in msgs], pa.string()), pa.array([m.reasoning for m in msgs], pa.string())],
+        fields=list(MESSAGE_TYPE))
     return pa.ListArray.from_arrays(_offsets(len(r.messages) for r in rows), message)
 
 

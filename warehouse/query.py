@@ -184,7 +184,7 @@ def _create_views(con: duckdb.DuckDBPyConnection, result: ScanResult) -> None:
     con.execute(
         """CREATE VIEW messages AS
         SELECT trajectory_id, idx, m.role AS role, m.content AS content, m.tool_call_id AS tool_call_id,
-               m.name AS name, coalesce(len(m.tool_calls), 0)::INTEGER AS n_tool_calls
+               m.name AS name, m.reasoning AS reasoning, coalesce(len(m.tool_calls), 0)::INTEGER AS n_tool_calls
         FROM (SELECT trajectory_id, unnest(messages) AS m, (generate_subscripts(messages, 1) - 1)::INTEGER AS idx
               FROM trajectories)"""
     )

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 2  # 2: verifier_strength
+SCHEMA_VERSION = 3  # 2: verifier_strength; 3: stage/grpo_step/group_id/advantage, reasoning, prompt ids, template
 
 Verdict = Literal["pass", "fail", "hack", "model_error", "timeout", "infra_error"]
 VERDICTS: tuple[str, ...] = ("pass", "fail", "hack", "model_error", "timeout", "infra_error")
@@ -26,6 +26,8 @@ VERDICTS: tuple[str, ...] = ("pass", "fail", "hack", "model_error", "timeout", "
 SCORED_VERDICTS: tuple[str, ...] = ("pass", "fail", "hack", "model_error", "timeout")
 
 Source = Literal["teacher", "student", "human", "reference"]
+# Where the episode was played: a rollout (generate, evaluation, the loop's student rollouts) or inside GRPO training.
+Stage = Literal["rollout", "grpo"]
 
 
 class FunctionCall(BaseModel):
@@ -48,6 +50,9 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning: str | None = Field(
+        default=None, description="An assistant message's reasoning, kept apart from its content: the endpoint's "
+        "`reasoning_content` (vLLM for gpt-oss, Qwen3, DeepSeek-R1), the harmony analysis channel, Qwen3 <think>.")
 
     def to_openai(self) -> dict[str, Any]:
         """The message as the OpenAI client and TRL chat templates expect it (None fields omitted)."""
@@ -109,6 +114,17 @@ class Trajectory(BaseModel):
     # training extras (filled only when the policy returns them)
     completion_token_ids: list[list[int]] | None = None
     completion_logprobs: list[list[float]] | None = None
+    prompt_token_ids: list[list[int]] | None = Field(
+        default=None, description="Per policy turn, the prompt's token ids exactly as the policy saw them.")
+    chat_template_hash: str | None = Field(
+        default=None, description="sha256 (first 16 hex) of the chat template that rendered the prompts, if known.")
+    model_version: str | None = Field(
+        default=None, description="The policy's model version: a checkpoint's content hash or the served model id.")
+    # GRPO (stage 'grpo': the episode was a generation inside GRPO training)
+    stage: Stage = Field(default="rollout", description="'rollout', or 'grpo' for an episode played inside GRPO.")
+    grpo_step: int | None = Field(default=None, description="GRPO's optimizer step that produced the episode.")
+    group_id: str | None = Field(default=None, description="GRPO's group (one prompt's generations) it belongs to.")
+    advantage: float | None = Field(default=None, description="GRPO's advantage for the episode (group-relative).")
     # errors
     error_class: str | None = None
     error_message: str | None = None
@@ -131,6 +147,7 @@ MESSAGE_TYPE = pa.struct(
         ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
         ("tool_call_id", pa.string()),
         ("name", pa.string()),
+        ("reasoning", pa.string()),
     ]
 )
 
@@ -171,6 +188,13 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("latency_ms", pa.float64()),
         ("completion_token_ids", pa.list_(pa.list_(pa.int32()))),
         ("completion_logprobs", pa.list_(pa.list_(pa.float32()))),
+        ("prompt_token_ids", pa.list_(pa.list_(pa.int32()))),
+        ("chat_template_hash", pa.string()),
+        ("model_version", pa.string()),
+        ("stage", pa.string()),
+        ("grpo_step", pa.int32()),
+        ("group_id", pa.string()),
+        ("advantage", pa.float64()),
         ("error_class", pa.string()),
         ("error_message", pa.string()),
         ("schema_version", pa.int32()),
@@ -200,6 +224,8 @@ def from_dict(d: dict[str, Any]) -> Trajectory:
     known["messages"] = msgs
     if known.get("hack_flags") is None:
         known["hack_flags"] = []
+    if known.get("stage") is None:  # written before schema 3
+        known["stage"] = "rollout"
     if isinstance(known.get("round"), str):
         known["round"] = int(known["round"])
     return Trajectory.model_validate(known)

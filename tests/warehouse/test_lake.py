@@ -167,6 +167,29 @@ def test_schema_evolution_old_file_beside_new(tmp_path, traj):
     assert len(back) == 6 and {t.run_id for t in back} == {"old", "new", "newer"}
 
 
+def test_a_schema_2_file_reads_with_the_schema_3_fields(tmp_path, traj):
+    """A file written before schema 3 (no stage, GRPO, prompt-id or template columns, no message reasoning)."""
+    root = str(tmp_path)
+    lk = lake_mod.open_lake(root)
+    v3 = {"prompt_token_ids", "chat_template_hash", "model_version", "stage", "grpo_step", "group_id", "advantage"}
+    old = lake_mod.trajectories_to_file_table([traj(i, run_id="v2") for i in range(2)]).drop_columns(list(v3))
+    old_msg = pa.struct([f for f in MESSAGE_TYPE if f.name != "reasoning"])
+    msgs = [[{k: v for k, v in m.items() if k != "reasoning"} for m in ms] for ms in old.column("messages").to_pylist()]
+    old = old.set_column(old.schema.get_field_index("messages"), "messages", pa.array(msgs, pa.list_(old_msg)))
+    lk.write_parquet_atomic(old, str(tmp_path / "trajectories/run=v2/round=0/part-v2.parquet"))
+    new = traj(5, run_id="v3").model_copy(update={"stage": "grpo", "grpo_step": 3, "group_id": "g1", "advantage": 0.5})
+    new.messages[2] = new.messages[2].model_copy(update={"reasoning": "add them"})
+    write_trajectories(root, [new])
+    out = query(root, "SELECT run_id, stage, grpo_step, advantage FROM trajectories ORDER BY run_id, grpo_step")
+    assert out.to_pylist() == [{"run_id": "v2", "stage": None, "grpo_step": None, "advantage": None}] * 2 + [
+        {"run_id": "v3", "stage": "grpo", "grpo_step": 3, "advantage": 0.5}]
+    r = query(root, "SELECT count(reasoning) AS n FROM messages").to_pylist()
+    assert r == [{"n": 1}]
+    back = {t.run_id: t for t in read_trajectories(root)}
+    assert back["v2"].stage == "rollout" and back["v2"].messages[2].reasoning is None
+    assert back["v3"].stage == "grpo" and back["v3"].messages[2].reasoning == "add them"
+
+
 def test_file_url_root_and_local_path_see_the_same_lake(tmp_path, traj):
     url = "file://" + str(tmp_path)
     write_trajectories(url, [traj(i) for i in range(3)])
@@ -194,7 +217,8 @@ def test_messages_and_tool_calls_views(tmp_path, traj):
     assert [m["idx"] for m in msgs] == [0, 1, 2, 3, 4]
     assert [m["n_tool_calls"] for m in msgs] == [0, 0, 1, 0, 0]
     assert msgs[3]["tool_call_id"] == "c3" and msgs[3]["name"] == "python" and msgs[3]["content"] == "4\n"
-    assert set(msgs[0]) == {"trajectory_id", "idx", "role", "content", "tool_call_id", "name", "n_tool_calls"}
+    assert set(msgs[0]) == {"trajectory_id", "idx", "role", "content", "tool_call_id", "name", "reasoning",
+                            "n_tool_calls"}
     calls = query(root, f"SELECT * FROM tool_calls WHERE trajectory_id = '{t.trajectory_id}'").to_pylist()
     assert calls == [{"trajectory_id": t.trajectory_id, "message_idx": 2, "call_idx": 0, "id": "c3",
                       "name": "python", "arguments": json.dumps({"code": "print(3 + 1)"})}]
