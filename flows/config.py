@@ -242,7 +242,9 @@ class StudentConfig(BaseModel):
     """The student: the base model and how it generates in evaluations and rollouts."""
 
     model_config = ConfigDict(extra="forbid")
-    base: str = Field(default="tiny", description="'tiny' (built from the task corpus) or a model folder / hub id.")
+    base: str = Field(default="tiny", description="A tiny student built from the task corpus: 'tiny' (Qwen2-style), "
+                      "'tiny-gptoss' (GPT-OSS: MoE, attention sinks, sliding window, harmony template) or "
+                      "'tiny-qwen3' (Qwen3, <think> template); or a model folder / hub id.")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Size of the tiny base student.")
     max_new_tokens: int = Field(default=64, gt=0, description="Tokens per assistant turn.")
     batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")

@@ -24,19 +24,21 @@ from flows.stages import StageTimer, metric
 def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
     """Build the tiny base student from the schedule's task corpus (or use the configured model) and register it."""
     from training.registry import model_dir, register_checkpoint
-    from training.tiny import build_tiny_model, task_corpus
+    from training.tiny import FAMILIES, build_tiny_model, task_corpus
     from training.warmup import warm_up_copying
 
     root = cfg.run.out
     timer = StageTimer()
     metrics: dict[str, Any] = {}
-    if cfg.student.base == "tiny":
+    if cfg.student.base in FAMILIES:  # tiny, tiny-gptoss, tiny-qwen3
         corpus_tasks = schedule_train_tasks(cfg)
         path = model_dir(root, f"{run_id}-base")
         shutil.rmtree(path, ignore_errors=True)
         t = cfg.student.tiny
-        build_tiny_model(path, task_corpus(corpus_tasks), hidden=t.hidden, layers=t.layers, heads=t.heads,
-                         kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed)
+        fam = cfg.student.base
+        build_tiny_model(path, task_corpus(corpus_tasks, family=fam), family=fam, hidden=t.hidden, layers=t.layers,
+                         heads=t.heads, kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed,
+                         experts=t.experts, experts_per_token=t.experts_per_token)
         with gpu_slot(cfg.limits):
             warm = warm_up_copying(path, [task.prompt for task in corpus_tasks], steps=t.copy_warmup_steps,
                                    seed=t.seed, threads=cfg.sft.threads, progress=True)

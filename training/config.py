@@ -16,11 +16,14 @@ class TinyModelConfig(BaseModel):
     """Size of the tiny student built from scratch for offline runs (training/tiny.py)."""
 
     model_config = ConfigDict(extra="forbid")
-    hidden: int = Field(default=128, gt=0, description="Hidden size of the Qwen2-style model.")
+    hidden: int = Field(default=128, gt=0, description="Hidden size of the model (every family).")
     layers: int = Field(default=4, gt=0, description="Number of transformer layers.")
     heads: int = Field(default=4, gt=0, description="Attention heads (hidden must divide by it).")
     kv_heads: int = Field(default=2, gt=0, description="Key/value heads (grouped-query attention).")
     vocab_size: int = Field(default=2048, gt=300, description="Target BPE vocabulary size of the corpus tokenizer.")
+    experts: int = Field(default=4, ge=1, description="Experts per MoE layer (tiny-gptoss only).")
+    experts_per_token: int = Field(default=2, ge=1, description="Experts each token is routed to, top-k "
+                                   "(tiny-gptoss only; must not exceed experts).")
     seed: int = Field(default=0, description="Seed of the random initial weights.")
     copy_warmup_steps: int = Field(default=400, ge=0, description="Steps of echoing the train prompts after the "
                                    "random init (training/warmup.py), so that the base can copy from context as "
