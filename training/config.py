@@ -133,3 +133,21 @@ class DiagnosticsThresholds(BaseModel):
     max_rewarded_logp_drop: float = Field(default=0.5, ge=0, description="Warn when a GRPO step lowers the mean "
                                           "log-probability of its own positive-advantage completions by more than "
                                           "this many nats (the step overshoots; needs GRPOConfig.update_check).")
+
+
+class MismatchThresholds(BaseModel):
+    """When the mismatch panel (training/mismatch.py) refuses to promote a checkpoint to the next round."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(default=True, description="Compute the panel over the round's student rollouts that "
+                          "carry logprobs and refuse promotion when a threshold below is crossed.")
+    max_token_mult_prob_error: float = Field(default=1.1, ge=1.0, description="Refuse at or above this NeMo-RL "
+                                             "token_mult_prob_error (mean of exp|Δlogp|); NeMo-RL's CI fails a run "
+                                             "whose median reaches 1.1.")
+    max_mean_abs_logp_diff: float = Field(default=0.1, ge=0, description="Refuse above this mean |trainer - "
+                                          "rollout| log-probability per token (nats).")
+    min_pearson: float = Field(default=0.9, ge=-1, le=1, description="Refuse below this Pearson correlation of "
+                               "trainer and rollout log-probabilities.")
+    max_clip_fraction: float = Field(default=0.0, ge=0, le=1, description="Refuse above this clip fraction of the "
+                                     "first on-policy mini-batch (it must be 0; more is the MoE symptom).")
+
