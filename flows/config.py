@@ -27,7 +27,7 @@ from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
 from tasks.judge import JudgeConfig
 from tasks.rewards import RewardConfig
-from training.config import DiagnosticsThresholds, GRPOConfig, SFTConfig, TinyModelConfig
+from training.config import DiagnosticsThresholds, GRPOConfig, MismatchThresholds, SFTConfig, TinyModelConfig
 
 
 def _shipped_demos() -> list[str]:
@@ -301,6 +301,9 @@ class FlywheelConfig(BaseModel):
                              description="GRPO (TRL GRPOTrainer) in our sandboxes; small on the CPU default.")
     diagnostics: DiagnosticsThresholds = Field(default_factory=DiagnosticsThresholds, description="When GRPO's "
                                                "per-step diagnostics warn (training/diagnostics.py).")
+    mismatch: MismatchThresholds = Field(default_factory=MismatchThresholds, description="The mismatch panel "
+                                         "after each round's student rollouts (training/mismatch.py) and when it "
+                                         "refuses to promote the round's checkpoint to the next round.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="`flywheel serve`: deployments, schedules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Prefect global concurrency limits.")
 

@@ -38,7 +38,7 @@ from flows.evaluate import stage_baseline, stage_student
 from flows.generate import new_run_id, stage_teacher, teacher_ahead_process
 from flows.rollouts import check_teacher_and_sandbox, preflight_once
 from flows.stages import Ledger
-from flows.train import stage_base, stage_grpo, stage_sft
+from flows.train import stage_base, stage_grpo, stage_mismatch, stage_sft
 
 
 class FlywheelSummary(BaseModel):
@@ -61,6 +61,25 @@ def _stage(ledger: Ledger, round: int, name: str, run: Callable[[], dict[str, An
         return done
     logger.info("round %d %s: starting", round, name)
     return ledger.done(round, name, run())
+
+
+def _promote(ledger: Ledger, cfg: FlywheelConfig, run_id: str, round: int, student: dict[str, Any],
+             previous: dict[str, Any]) -> dict[str, Any]:
+    """The student the next round starts from: this round's, unless its mismatch panel crosses a threshold
+    (cfg.mismatch), then the previous round's, with a warning naming the thresholds."""
+    if not cfg.mismatch.enabled:
+        return student
+    mm = _stage(ledger, round, "mismatch", partial(stage_mismatch, cfg=cfg, run_id=run_id, round=round,
+                                                   student=student))
+    logger = get_run_logger()
+    if mm.get("skipped"):
+        logger.info("round %d mismatch panel skipped: %s", round, mm["skipped"])
+    if mm.get("refused"):
+        logger.warning("round %d: checkpoint %s NOT promoted to round %d, mismatch panel crossed: %s; round %d "
+                       "starts from %s", round, student.get("checkpoint_id"), round + 1, "; ".join(mm["refused"]),
+                       round + 1, previous.get("checkpoint_id"))
+        return previous
+    return student
 
 
 @flow(name="flywheel", log_prints=True)
@@ -114,12 +133,14 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
             ahead = pool.submit(teacher_ahead_process, cfg_json=cfg.model_dump_json(), run_id=run_id, round=r + 1)
             pool.shutdown(wait=False)
         try:
+            promoted = student
             sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=student,
                                                    snapshot_id=snap["snapshot_id"]))
             student = sft
             if cfg.flywheel.grpo:
                 student = _stage(ledger, r, "grpo", partial(stage_grpo, cfg=cfg, run_id=run_id, round=r, parent=sft))
             _stage(ledger, r, "student", partial(stage_student, cfg=cfg, run_id=run_id, round=r, student=student))
+            student = _promote(ledger, cfg, run_id, r, student, promoted)
         finally:
             if ahead is not None:
                 try:  # its rows are durable as they land; whatever it missed, round r+1's teacher stage runs

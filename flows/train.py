@@ -124,6 +124,38 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
             "tasks": len(chosen), "rewards": res.rewards}
 
 
+@task(name="mismatch", log_prints=False)
+def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[str, Any]) -> dict[str, Any]:
+    """The mismatch panel of the round's student rollouts (their stored logprobs) against the student's checkpoint
+    recomputed as the trainer sees it; its figures land in the rounds table (subject 'mismatch') and `refused`
+    lists the thresholds (cfg.mismatch) it crosses."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.mismatch import MismatchError, promotion_refusals, rows_panel
+    from warehouse.lake import write_rows
+    from warehouse.query import read_trajectories
+
+    timer = StageTimer()
+    rows = read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND source = 'student'", [run_id, round])
+    tok = AutoTokenizer.from_pretrained(student["path"])
+    model = AutoModelForCausalLM.from_pretrained(student["path"]).eval()
+    try:
+        with gpu_slot(cfg.limits):
+            p = rows_panel(model, tok, rows, old_batch_size=1)
+    except MismatchError as e:
+        return {"skipped": str(e), "refused": [], "wall_s": timer.s}
+    figures = {"mm:mean_abs_diff": p.mean_abs_diff, "mm:max_abs_diff": p.max_abs_diff,
+               "mm:token_mult_prob_error": p.token_mult_prob_error, "mm:iw_max": p.iw_max,
+               "mm:clip_fraction": p.clip_fraction or 0.0}
+    if p.pearson is not None:
+        figures["mm:pearson"] = p.pearson
+    write_rows(cfg.run.out, "rounds", [metric(run_id, round, "mismatch", "mismatch", "train", "all", k, v)
+                                        for k, v in figures.items()]
+               + [metric(run_id, round, "mismatch", "stage", "-", "all", "wall_s", timer.s)])
+    refused = promotion_refusals(p, cfg.mismatch)
+    return {"panel": p.model_dump(), "refused": refused, "wall_s": timer.s}
+
+
 def _parent(model: str) -> dict[str, Any]:
     return {"path": model, "checkpoint_id": None}
 

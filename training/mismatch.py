@@ -165,11 +165,17 @@ def row_sequences(rows: list[Trajectory], tokenizer: Any) -> tuple[list[tuple[li
 
 
 def rows_panel(model: Any, tokenizer: Any, rows: list[Trajectory], *, batch_size: int = 8,
-               epsilon: float = 0.2) -> MismatchPanel:
-    """The panel of rollout rows against `model` (the trainer's view of the same tokens)."""
+               old_batch_size: int | None = None, epsilon: float = 0.2) -> MismatchPanel:
+    """The panel of rollout rows against `model` (the trainer's view of the same tokens).
+
+    With `old_batch_size`, a separate old-policy pass recomputes the same log-probabilities in batches of that size
+    (another batch composition, as an old-policy pass over differently packed mini-batches is) and the clip
+    fraction compares the two: same weights, so anything but 0 is the trainer disagreeing with itself."""
     seqs, rollout, rerendered = row_sequences(rows, tokenizer)
-    trainer = trainer_logprobs(model, seqs, batch_size=batch_size, pad_token_id=tokenizer.pad_token_id or 0)
-    return panel(trainer, rollout, epsilon=epsilon, rerendered_turns=rerendered)
+    pad = tokenizer.pad_token_id or 0
+    trainer = trainer_logprobs(model, seqs, batch_size=batch_size, pad_token_id=pad)
+    old = trainer_logprobs(model, seqs, batch_size=old_batch_size, pad_token_id=pad) if old_batch_size else None
+    return panel(trainer, rollout, old=old, epsilon=epsilon, rerendered_turns=rerendered)
 
 
 def promotion_refusals(p: MismatchPanel, t: MismatchThresholds) -> list[str]:

@@ -165,4 +165,5 @@ def test_one_sft_step_one_episode_one_grpo_step(fam_model, ref_rows, train_tasks
                               max_tool_calling_iterations=1, update_check=False),
                    backend=backend, progress=False)
     assert g.steps == 1 and g.episodes == 4
+    assert g.steps_diagnostics[0]["clip_fraction"] == 0.0  # exactly on-policy: old_logp = logp.detach()
     assert AutoModelForCausalLM.from_pretrained(g.checkpoint_path).config.architectures == [FAMILIES[fam].architecture]
