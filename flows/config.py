@@ -27,7 +27,14 @@ from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
 from tasks.judge import JudgeConfig
 from tasks.rewards import RewardConfig
-from training.config import DiagnosticsThresholds, GRPOConfig, MismatchThresholds, SFTConfig, TinyModelConfig
+from training.config import (
+    TINY_FAMILIES,
+    DiagnosticsThresholds,
+    GRPOConfig,
+    MismatchThresholds,
+    SFTConfig,
+    TinyModelConfig,
+)
 
 
 def _shipped_demos() -> list[str]:
@@ -250,6 +257,14 @@ class StudentConfig(BaseModel):
     batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
     threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
                                                        "models on a shared CPU).")
+
+    @field_validator("base")
+    @classmethod
+    def _known_tiny(cls, v: str) -> str:
+        if v.startswith("tiny") and v not in TINY_FAMILIES and not Path(v).exists():
+            raise ValueError(f"student.base={v!r} is no tiny family ({', '.join(TINY_FAMILIES)}) and no model "
+                             f"folder; pick one of those or give a folder / hub id")
+        return v
 
 
 def _sections() -> dict[str, type[BaseModel]]:

@@ -12,6 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+TINY_FAMILIES = ("tiny", "tiny-gptoss", "tiny-qwen3")  # student.base names of training/tiny.py's FAMILIES
+
+
 class TinyModelConfig(BaseModel):
     """Size of the tiny student built from scratch for offline runs (training/tiny.py)."""
 

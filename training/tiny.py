@@ -48,6 +48,7 @@ from trl.chat_template_utils import gptoss_chat_template, qwen2_5_chat_template,
 
 from tasks.spec import Task
 from tasks.tools import tool_schemas
+from training.config import TINY_FAMILIES
 from warehouse import chat
 from warehouse.record import FunctionCall, Message, ToolCall
 
@@ -84,6 +85,7 @@ FAMILIES: dict[str, Family] = {
         "<|return|>", ("<|return|>", "<|call|>"), (),
         re.compile(r"<\|start\|>developer<\|message\|>(.*?)<\|end\|>", re.DOTALL), "<|start|>"),
 }
+assert tuple(FAMILIES) == TINY_FAMILIES, "training.config.TINY_FAMILIES must name FAMILIES"
 CHAT_TEMPLATE = qwen2_5_chat_template  # the default family's
 
 
