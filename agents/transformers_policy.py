@@ -7,7 +7,8 @@ Prompts are rendered with `warehouse.chat.to_template` and the reply text (`comp
 stop token) is read with `warehouse.chat.parse_text` in the dialect of the model's chat template
 (`warehouse.chat.dialect_of`: Hermes `<tool_call>` blocks with Qwen3 `<think>`, or GPT-OSS harmony channels), the
 one conversation codec that SFT, GRPO and export use too; generation stops at any of the model's end-of-turn
-tokens (generation_config.eos_token_id: harmony's `<|call|>` and `<|return|>`, or `<|im_end|>`): a malformed `<tool_call>` block or an empty reply stays in the message for the loop to judge (model_error).
+tokens (generation_config.eos_token_id: harmony's `<|call|>` and `<|return|>`, or `<|im_end|>`). A malformed
+`<tool_call>` block or an empty reply stays in the message for the loop to judge (model_error).
 A prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
 Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
 turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of softmax(logits/T)),
@@ -28,7 +29,6 @@ from agents.policy import ContextLengthError, PolicyReply
 from tasks.spec import Task
 from warehouse import chat
 from warehouse.record import Message, Source
-
 
 END_OF_TURN = ("<|im_end|>", "<|return|>", "<|call|>")  # Qwen/Hermes; harmony's answer and tool-call ends
 

@@ -11,7 +11,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 TINY_FAMILIES = ("tiny", "tiny-gptoss", "tiny-qwen3")  # student.base names of training/tiny.py's FAMILIES
 
 

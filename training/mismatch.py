@@ -186,7 +186,8 @@ def promotion_refusals(p: MismatchPanel, t: MismatchThresholds) -> list[str]:
         out.append(f"token_mult_prob_error {p.token_mult_prob_error:.4f} >= {t.max_token_mult_prob_error} "
                    f"(mismatch.max_token_mult_prob_error)")
     if p.mean_abs_diff > t.max_mean_abs_logp_diff:
-        out.append(f"mean |Δlogp| {p.mean_abs_diff:.4f} > {t.max_mean_abs_logp_diff} (mismatch.max_mean_abs_logp_diff)")
+        out.append(f"mean |Δlogp| {p.mean_abs_diff:.4f} > {t.max_mean_abs_logp_diff} "
+                   f"(mismatch.max_mean_abs_logp_diff)")
     if p.pearson is not None and p.pearson < t.min_pearson:
         out.append(f"Pearson correlation {p.pearson:.4f} < {t.min_pearson} (mismatch.min_pearson)")
     if p.clip_fraction is not None and p.clip_fraction > t.max_clip_fraction:

@@ -8,14 +8,15 @@ Three families (`FAMILIES`, keyed by the `student.base` name that selects them):
 - `tiny-qwen3`: the Qwen3 architecture (q/k norms) with TRL's `qwen3` template (`<think>` reasoning, thinking on
   by default, off with the template's `enable_thinking=False`; Hermes tool calls).
 
-`build_tiny_model(out_dir, corpus, family=...)` writes an ordinary model folder (config, safetensors weights, tokenizer, chat
-template) that AutoModelForCausalLM / AutoTokenizer and `transformers serve` load like any hub model. Any local or
-hub model id can stand in its place in training and policies; this module is only how the offline default gets
-one without a download.
+`build_tiny_model(out_dir, corpus, family=...)` writes an ordinary model folder (config, safetensors weights,
+tokenizer, chat template) that AutoModelForCausalLM / AutoTokenizer and `transformers serve` load like any hub
+model. Any local or hub model id can stand in its place in training and policies; this module is only how the
+offline default gets one without a download.
 
 Design choices (measured on 2 cores):
-- Chat template: TRL's own template of the family (`qwen2_5`, `gptoss`, `qwen3`), verbatim, so TRL recognises it (tool-call response schema,
-  training template with generation markers for assistant-only loss) and `transformers serve` parses tool calls.
+- Chat template: TRL's own template of the family (`qwen2_5`, `gptoss`, `qwen3`), verbatim, so TRL recognises it
+  (tool-call response schema, training template with generation markers for assistant-only loss) and
+  `transformers serve` parses tool calls.
 - Tokenizer: byte-level BPE trained on the corpus under Qwen2's own pre-tokenizer (transformers 5 loads every
   qwen2 model folder as Qwen2Tokenizer and imposes that split; a custom split would be silently replaced). It
   puts every digit in a token of its own, so operands are copied digit by digit. The templates' special tokens
@@ -23,9 +24,9 @@ Design choices (measured on 2 cores):
   are special tokens; `<tool_call>`/`<think>`-style tags are added tokens, so that tokenization agrees between
   training and generation. The GPT-OSS folder loads as a PreTrainedTokenizerFast (transformers maps no tokenizer
   class to gpt_oss), so it keeps the same pre-tokenizer.
-- Prompt tokens: a system block (system prompt + tool schemas as rendered; harmony's developer block) that recurs in the corpus becomes one
-  added token, so the constant ~200-token tool prompt costs one position (steps ~3x cheaper on CPU). Any other
-  prompt still tokenizes, through ordinary BPE.
+- Prompt tokens: a system block (system prompt + tool schemas as rendered; harmony's developer block) that recurs
+  in the corpus becomes one added token, so the constant ~200-token tool prompt costs one position (steps ~3x
+  cheaper on CPU). Any other prompt still tokenizes, through ordinary BPE.
 - Weights are random (seeded): a fresh student knows nothing; SFT teaches it.
 
 It does not train the model (see sft.py / grpo.py).
@@ -184,10 +185,11 @@ def _config(fam: Family, tokenizer: PreTrainedTokenizerFast, *, hidden: int, lay
             sliding_window: int) -> Any:
     from transformers import GptOssConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
-                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-                  bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                  use_cache=True)
+    common: dict[str, Any] = {
+        "vocab_size": len(tokenizer), "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": max_positions,
+        "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+        "use_cache": True}
     if fam.architecture == "GptOssForCausalLM":
         # every other layer attends within a sliding window, as GPT-OSS does; each attention head has a sink
         return GptOssConfig(**common, intermediate_size=intermediate or 2 * hidden, head_dim=hidden // heads,
