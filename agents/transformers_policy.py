@@ -89,7 +89,7 @@ class TransformersPolicy:
     def __init__(self, model_path: str | Path, *, name: str | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, max_new_tokens: int = 128, device: str = "auto", seed: int = 0,
                  batch_size: int = 32, source: Source = "student", dtype: str = "auto",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, enable_thinking: bool | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,6 +108,8 @@ class TransformersPolicy:
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.batch_size = batch_size
+        # a template switch (Qwen3: False prefills an empty <think></think>, the reply is the answer); None: default
+        self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
@@ -136,13 +138,15 @@ class TransformersPolicy:
     @property
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
-                "seed": self.seed, "batch_size": self.batch_size, "model_path": self.model_path}
+                "seed": self.seed, "batch_size": self.batch_size, "model_path": self.model_path,
+                **self.template_kwargs}
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """Token ids of the conversation rendered for generation (the assistant header at the end)."""
         enc = self.tokenizer.apply_chat_template(chat.to_template(messages, dialect=self.dialect),
                                                  tools=tools or None, tokenize=True,
-                                                 add_generation_prompt=True, return_dict=True)
+                                                 add_generation_prompt=True, return_dict=True,
+                                                 **self.template_kwargs)
         return list(enc["input_ids"])
 
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,

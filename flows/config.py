@@ -257,6 +257,9 @@ class StudentConfig(BaseModel):
     batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
     threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
                                                        "models on a shared CPU).")
+    thinking: bool | None = Field(default=None, description="The chat template's enable_thinking switch when the "
+                                  "student generates (Qwen3: false prefills an empty <think></think> block, so the "
+                                  "reply is the answer); None leaves the template's default (thinking on).")
 
     @field_validator("base")
     @classmethod

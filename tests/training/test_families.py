@@ -167,3 +167,23 @@ def test_one_sft_step_one_episode_one_grpo_step(fam_model, ref_rows, train_tasks
     assert g.steps == 1 and g.episodes == 4
     assert g.steps_diagnostics[0]["clip_fraction"] == 0.0  # exactly on-policy: old_logp = logp.detach()
     assert AutoModelForCausalLM.from_pretrained(g.checkpoint_path).config.architectures == [FAMILIES[fam].architecture]
+
+
+def test_qwen3_thinking_on_and_off(fam_model, train_tasks, backend):
+    from agents.loop import initial_messages
+    from agents.rollout import rollout
+    from agents.transformers_policy import TransformersPolicy
+
+    fam, path = fam_model
+    if fam != "tiny-qwen3":
+        pytest.skip("Qwen3's template switch")
+    msgs, tools = initial_messages(train_tasks[0]), tool_schemas(["python"])
+    on, off = TransformersPolicy(path, max_new_tokens=8), TransformersPolicy(path, max_new_tokens=8,
+                                                                             enable_thinking=False)
+    assert on.tokenizer.decode(on.prompt_ids(msgs, tools)).endswith("<|im_start|>assistant\n")
+    assert off.tokenizer.decode(off.prompt_ids(msgs, tools)).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert off.sampling["enable_thinking"] is False
+    rows: list = []
+    asyncio.run(rollout(train_tasks[:1], off, backend, run_id="think-off", concurrency=1, on_rows=rows.extend,
+                        batch_size=1, progress=False))
+    assert len(rows) == 1 and rows[0].completion_token_ids
