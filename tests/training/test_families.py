@@ -187,3 +187,27 @@ def test_qwen3_thinking_on_and_off(fam_model, train_tasks, backend):
     asyncio.run(rollout(train_tasks[:1], off, backend, run_id="think-off", concurrency=1, on_rows=rows.extend,
                         batch_size=1, progress=False))
     assert len(rows) == 1 and rows[0].completion_token_ids
+
+
+@pytest.mark.slow
+def test_a_briefly_trained_student_calls_tools_in_its_family_format(fam_model, ref_rows, train_tasks, backend,
+                                                                    tmp_path):
+    """80 SFT steps (~25-40 s): the student writes a tool call in its family's format, the in-process policy parses
+    it, the sandbox runs it, and the final answer follows (measured: every episode, both families)."""
+    from agents.rollout import rollout
+    from agents.transformers_policy import TransformersPolicy
+    from training.sft import train_sft
+
+    fam, path = fam_model
+    res = train_sft(path, [r for r in ref_rows if r.verdict == "pass"], tmp_path / "sft",
+                    SFTConfig(max_steps=80, batch_size=8, learning_rate=1e-2), progress=False)
+    policy = TransformersPolicy(res.checkpoint_path, max_new_tokens=48)
+    rows: list = []
+    asyncio.run(rollout(train_tasks[:4], policy, backend, run_id=f"warm-{fam}", concurrency=4, on_rows=rows.extend,
+                        batch_size=4, progress=False))
+    called = [r for r in rows if any(c.function.name == "python" for m in r.messages if m.role == "assistant"
+                                     for c in m.tool_calls or [])]
+    assert len(called) >= 3, [(r.verdict, [m.model_dump() for m in r.messages[2:]]) for r in rows]
+    for r in called:
+        assert r.messages[3].role == "tool" and r.messages[3].content  # the sandbox ran the parsed call
+        assert (r.messages[-1].content or "").startswith("Answer:")
