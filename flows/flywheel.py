@@ -4,8 +4,10 @@ Round 0 builds (or names) the base student, imports human demos and scores the b
 held-out split. Round r (1..N): the teacher rolls out on the curriculum's train tasks; curation mixes teacher
 rows, demos and the earlier student's successes into snapshot r; SFT from the previous student (or the base),
 then GRPO on the tasks that still give signal; the new student is scored on the held-out split of every suite of
-the schedule and rolls out on the train tasks (its successes enter round r+1 as source student); metrics land
-in the rounds table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
+the schedule and rolls out on the train tasks (its successes enter round r+1 as source student); the mismatch
+panel compares those rollouts' logprobs with the trainer's (flows/train.py `stage_mismatch`) and a crossed
+`[mismatch]` threshold keeps the previous student for round r+1 (a warning names it); metrics land in the rounds
+table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
 student, so they run in a low-priority child process while round r trains (`flywheel.teacher_ahead`; SFT holds
 one core, they use the other); round r+1's teacher stage finds them written and adds only the tasks the student
 still fails. Training stages hold the `flywheel-gpu` slot and every rollout its `flywheel-sandbox` slots, as in

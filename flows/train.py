@@ -1,5 +1,6 @@
 """Prefect flows `train-sft` and `train-grpo`: one training stage on its own; and the training stages of the
-flywheel's rounds (`stage_base`, `stage_sft`, `stage_grpo`, the same tasks in both).
+flywheel's rounds (`stage_base`, `stage_sft`, `stage_grpo`, the same tasks in both; `stage_mismatch`, the
+mismatch panel of a round's student rollouts against its checkpoint).
 
 `train-sft` fine-tunes a model on a snapshot of the lake; `train-grpo` improves a model with GRPO on the
 schedule's train tasks that still give signal, rewarded by our verifiers in our sandboxes. Every training step
