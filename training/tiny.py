@@ -58,7 +58,6 @@ from warehouse.record import FunctionCall, Message, ToolCall
 class Family:
     """What a tiny family is made of: its chat template and the tokens that template needs."""
 
-    base: str  # the student.base name
     architecture: str  # transformers model class
     chat_template: str
     special_tokens: tuple[str, ...]  # the first is the padding token
@@ -66,25 +65,24 @@ class Family:
     stop_tokens: tuple[str, ...]  # every token that ends a generated turn (generation_config.eos_token_id)
     tag_tokens: tuple[str, ...]  # added, non-special tags kept whole
     system_block: re.Pattern  # the recurring prompt block (system prompt + tools) that becomes one token
-    turn_start: str  # the token that opens a turn (the copy warm-up frames its texts with it and eos)
 
 
-FAMILIES: dict[str, Family] = {
+FAMILIES: dict[str, Family] = {  # keyed by the student.base name
     "tiny": Family(
-        "tiny", "Qwen2ForCausalLM", qwen2_5_chat_template, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        "Qwen2ForCausalLM", qwen2_5_chat_template, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
         "<|im_end|>", ("<|im_end|>",), ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
-        re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL), "<|im_start|>"),
+        re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL)),
     "tiny-qwen3": Family(
-        "tiny-qwen3", "Qwen3ForCausalLM", qwen3_chat_template, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        "Qwen3ForCausalLM", qwen3_chat_template, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
         "<|im_end|>", ("<|im_end|>",),
         ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
-        re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL), "<|im_start|>"),
+        re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL)),
     "tiny-gptoss": Family(
-        "tiny-gptoss", "GptOssForCausalLM", gptoss_chat_template,
+        "GptOssForCausalLM", gptoss_chat_template,
         ("<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
          "<|call|>"),
         "<|return|>", ("<|return|>", "<|call|>"), (),
-        re.compile(r"<\|start\|>developer<\|message\|>(.*?)<\|end\|>", re.DOTALL), "<|start|>"),
+        re.compile(r"<\|start\|>developer<\|message\|>(.*?)<\|end\|>", re.DOTALL)),
 }
 assert set(FAMILIES) == set(TINY_FAMILIES), "training.config.TINY_FAMILIES must name FAMILIES"
 CHAT_TEMPLATE = qwen2_5_chat_template  # the default family's
