@@ -4,8 +4,11 @@
 or GRPO checkpoint). Concurrent `reply` calls (the rollout runner's workers) are gathered into one left-padded
 `generate` call of up to `batch_size` conversations, run in a worker thread so the event loop stays free.
 Prompts are rendered with `warehouse.chat.to_template` and the reply text (`completion_text`: decoded up to the
-stop token) is read with `warehouse.chat.parse_text`, the one conversation codec that SFT, GRPO and export use
-too: a malformed `<tool_call>` block or an empty reply stays in the message for the loop to judge (model_error).
+stop token) is read with `warehouse.chat.parse_text` in the dialect of the model's chat template
+(`warehouse.chat.dialect_of`: Hermes `<tool_call>` blocks with Qwen3 `<think>`, or GPT-OSS harmony channels), the
+one conversation codec that SFT, GRPO and export use too; generation stops at any of the model's end-of-turn
+tokens (generation_config.eos_token_id: harmony's `<|call|>` and `<|return|>`, or `<|im_end|>`). A malformed
+`<tool_call>` block or an empty reply stays in the message for the loop to judge (model_error).
 A prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
 Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
 turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of softmax(logits/T)),
@@ -27,12 +30,15 @@ from tasks.spec import Task
 from warehouse import chat
 from warehouse.record import Message, Source
 
+END_OF_TURN = ("<|im_end|>", "<|return|>", "<|call|>")  # Qwen/Hermes; harmony's answer and tool-call ends
+
 
 def completion_text(tokenizer: Any, ids: list[int]) -> str:
     """Generated token ids -> the reply text: decoded with special tokens, cut at the first end of turn
-    (`<|im_end|>` or EOS), padding removed. GRPO reads its generations through this too."""
+    (`<|im_end|>`, harmony's `<|return|>` / `<|call|>`, or EOS), padding removed. GRPO reads its generations
+    through this too."""
     text = tokenizer.decode(ids, skip_special_tokens=False)
-    for tok in ("<|im_end|>", tokenizer.eos_token or ""):
+    for tok in (*END_OF_TURN, tokenizer.eos_token or ""):
         if tok:
             text = text.split(tok, 1)[0]
     return text.replace(tokenizer.pad_token or "\0", "")
@@ -83,7 +89,7 @@ class TransformersPolicy:
     def __init__(self, model_path: str | Path, *, name: str | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, max_new_tokens: int = 128, device: str = "auto", seed: int = 0,
                  batch_size: int = 32, source: Source = "student", dtype: str = "auto",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, enable_thinking: bool | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -102,6 +108,8 @@ class TransformersPolicy:
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.batch_size = batch_size
+        # a template switch (Qwen3: False prefills an empty <think></think>, the reply is the answer); None: default
+        self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
@@ -111,24 +119,34 @@ class TransformersPolicy:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype).to(device).eval()
+        text_config = self.model.config.get_text_config()
+        if getattr(text_config, "output_router_logits", False):  # a MoE checkpoint saved mid-training: generation
+            text_config.output_router_logits = False  # with a KV cache cannot compute the aux loss (GPT-OSS)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
         self._queue: list[_Request] = []
         self._lock = threading.Lock()
         self._worker: asyncio.Task | None = None
         self._batches = 0
-        self._stop_ids = sorted({i for i in [self.tokenizer.eos_token_id,
-                                             self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        self.dialect = chat.dialect_of(self.tokenizer.chat_template)
+        gen_eos = self.model.generation_config.eos_token_id
+        gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
+        vocab = self.tokenizer.get_vocab()
+        self._stop_ids = sorted({i for i in [self.tokenizer.eos_token_id, *gen_eos,
+                                             *(vocab.get(t) for t in END_OF_TURN)]
                                  if isinstance(i, int) and i >= 0})
 
     @property
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
-                "seed": self.seed, "batch_size": self.batch_size, "model_path": self.model_path}
+                "seed": self.seed, "batch_size": self.batch_size, "model_path": self.model_path,
+                **self.template_kwargs}
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """Token ids of the conversation rendered for generation (the assistant header at the end)."""
-        enc = self.tokenizer.apply_chat_template(chat.to_template(messages), tools=tools or None, tokenize=True,
-                                                 add_generation_prompt=True, return_dict=True)
+        enc = self.tokenizer.apply_chat_template(chat.to_template(messages, dialect=self.dialect),
+                                                 tools=tools or None, tokenize=True,
+                                                 add_generation_prompt=True, return_dict=True,
+                                                 **self.template_kwargs)
         return list(enc["input_ids"])
 
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
@@ -143,7 +161,7 @@ class TransformersPolicy:
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         out_ids, logprobs, finish = await fut
-        message = chat.parse_text(completion_text(self.tokenizer, out_ids), turn=len(messages))
+        message = chat.parse_text(completion_text(self.tokenizer, out_ids), turn=len(messages), dialect=self.dialect)
         return PolicyReply(message=message, prompt_tokens=len(ids), completion_tokens=len(out_ids),
                            finish_reason="tool_calls" if message.tool_calls else finish, token_ids=out_ids,
                            logprobs=logprobs)

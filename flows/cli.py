@@ -45,6 +45,7 @@ KNOWN_ERRORS = (
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
     ("flows.localserver", "LocalServerError"),
     ("training.registry", "RegistryError"), ("training.sft", "TrainingError"), ("training.tiny", "TinyModelError"),
+    ("training.mismatch", "MismatchError"),
 )
 
 

@@ -27,7 +27,14 @@ from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
 from tasks.judge import JudgeConfig
 from tasks.rewards import RewardConfig
-from training.config import DiagnosticsThresholds, GRPOConfig, SFTConfig, TinyModelConfig
+from training.config import (
+    TINY_FAMILIES,
+    DiagnosticsThresholds,
+    GRPOConfig,
+    MismatchThresholds,
+    SFTConfig,
+    TinyModelConfig,
+)
 
 
 def _shipped_demos() -> list[str]:
@@ -242,12 +249,25 @@ class StudentConfig(BaseModel):
     """The student: the base model and how it generates in evaluations and rollouts."""
 
     model_config = ConfigDict(extra="forbid")
-    base: str = Field(default="tiny", description="'tiny' (built from the task corpus) or a model folder / hub id.")
+    base: str = Field(default="tiny", description="A tiny student built from the task corpus: 'tiny' (Qwen2-style), "
+                      "'tiny-gptoss' (GPT-OSS: MoE, attention sinks, sliding window, harmony template) or "
+                      "'tiny-qwen3' (Qwen3, <think> template); or a model folder / hub id.")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Size of the tiny base student.")
     max_new_tokens: int = Field(default=64, gt=0, description="Tokens per assistant turn.")
     batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
     threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
                                                        "models on a shared CPU).")
+    thinking: bool | None = Field(default=None, description="The chat template's enable_thinking switch when the "
+                                  "student generates (Qwen3: false prefills an empty <think></think> block, so the "
+                                  "reply is the answer); None leaves the template's default (thinking on).")
+
+    @field_validator("base")
+    @classmethod
+    def _known_tiny(cls, v: str) -> str:
+        if v.startswith("tiny") and v not in TINY_FAMILIES and not Path(v).exists():
+            raise ValueError(f"student.base={v!r} is no tiny family ({', '.join(TINY_FAMILIES)}) and no model "
+                             f"folder; pick one of those or give a folder / hub id")
+        return v
 
 
 def _sections() -> dict[str, type[BaseModel]]:
@@ -299,6 +319,9 @@ class FlywheelConfig(BaseModel):
                              description="GRPO (TRL GRPOTrainer) in our sandboxes; small on the CPU default.")
     diagnostics: DiagnosticsThresholds = Field(default_factory=DiagnosticsThresholds, description="When GRPO's "
                                                "per-step diagnostics warn (training/diagnostics.py).")
+    mismatch: MismatchThresholds = Field(default_factory=MismatchThresholds, description="The mismatch panel "
+                                         "after each round's student rollouts (training/mismatch.py) and when it "
+                                         "refuses to promote the round's checkpoint to the next round.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="`flywheel serve`: deployments, schedules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Prefect global concurrency limits.")
 

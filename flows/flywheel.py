@@ -4,8 +4,10 @@ Round 0 builds (or names) the base student, imports human demos and scores the b
 held-out split. Round r (1..N): the teacher rolls out on the curriculum's train tasks; curation mixes teacher
 rows, demos and the earlier student's successes into snapshot r; SFT from the previous student (or the base),
 then GRPO on the tasks that still give signal; the new student is scored on the held-out split of every suite of
-the schedule and rolls out on the train tasks (its successes enter round r+1 as source student); metrics land
-in the rounds table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
+the schedule and rolls out on the train tasks (its successes enter round r+1 as source student); the mismatch
+panel compares those rollouts' logprobs with the trainer's (flows/train.py `stage_mismatch`) and a crossed
+`[mismatch]` threshold keeps the previous student for round r+1 (a warning names it); metrics land in the rounds
+table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
 student, so they run in a low-priority child process while round r trains (`flywheel.teacher_ahead`; SFT holds
 one core, they use the other); round r+1's teacher stage finds them written and adds only the tasks the student
 still fails. Training stages hold the `flywheel-gpu` slot and every rollout its `flywheel-sandbox` slots, as in
@@ -38,7 +40,7 @@ from flows.evaluate import stage_baseline, stage_student
 from flows.generate import new_run_id, stage_teacher, teacher_ahead_process
 from flows.rollouts import check_teacher_and_sandbox, preflight_once
 from flows.stages import Ledger
-from flows.train import stage_base, stage_grpo, stage_sft
+from flows.train import stage_base, stage_grpo, stage_mismatch, stage_sft
 
 
 class FlywheelSummary(BaseModel):
@@ -61,6 +63,25 @@ def _stage(ledger: Ledger, round: int, name: str, run: Callable[[], dict[str, An
         return done
     logger.info("round %d %s: starting", round, name)
     return ledger.done(round, name, run())
+
+
+def _promote(ledger: Ledger, cfg: FlywheelConfig, run_id: str, round: int, student: dict[str, Any],
+             previous: dict[str, Any]) -> dict[str, Any]:
+    """The student the next round starts from: this round's, unless its mismatch panel crosses a threshold
+    (cfg.mismatch), then the previous round's, with a warning naming the thresholds."""
+    if not cfg.mismatch.enabled:
+        return student
+    mm = _stage(ledger, round, "mismatch", partial(stage_mismatch, cfg=cfg, run_id=run_id, round=round,
+                                                   student=student))
+    logger = get_run_logger()
+    if mm.get("skipped"):
+        logger.info("round %d mismatch panel skipped: %s", round, mm["skipped"])
+    if mm.get("refused"):
+        logger.warning("round %d: checkpoint %s NOT promoted to round %d, mismatch panel crossed: %s; round %d "
+                       "starts from %s", round, student.get("checkpoint_id"), round + 1, "; ".join(mm["refused"]),
+                       round + 1, previous.get("checkpoint_id"))
+        return previous
+    return student
 
 
 @flow(name="flywheel", log_prints=True)
@@ -114,12 +135,14 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
             ahead = pool.submit(teacher_ahead_process, cfg_json=cfg.model_dump_json(), run_id=run_id, round=r + 1)
             pool.shutdown(wait=False)
         try:
+            promoted = student
             sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=student,
                                                    snapshot_id=snap["snapshot_id"]))
             student = sft
             if cfg.flywheel.grpo:
                 student = _stage(ledger, r, "grpo", partial(stage_grpo, cfg=cfg, run_id=run_id, round=r, parent=sft))
             _stage(ledger, r, "student", partial(stage_student, cfg=cfg, run_id=run_id, round=r, student=student))
+            student = _promote(ledger, cfg, run_id, r, student, promoted)
         finally:
             if ahead is not None:
                 try:  # its rows are durable as they land; whatever it missed, round r+1's teacher stage runs

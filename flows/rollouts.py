@@ -55,7 +55,7 @@ def student_policy(cfg: FlywheelConfig, model_path: str, name: str, *, temperatu
 
     s = cfg.student
     return TransformersPolicy(model_path, name=name, temperature=temperature, max_new_tokens=s.max_new_tokens,
-                              batch_size=s.batch_size, seed=seed, threads=s.threads)
+                              batch_size=s.batch_size, seed=seed, threads=s.threads, enable_thinking=s.thinking)
 
 
 def teacher_configs(cfg: FlywheelConfig) -> list[PolicyConfig]:

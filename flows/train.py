@@ -1,5 +1,6 @@
 """Prefect flows `train-sft` and `train-grpo`: one training stage on its own; and the training stages of the
-flywheel's rounds (`stage_base`, `stage_sft`, `stage_grpo`, the same tasks in both).
+flywheel's rounds (`stage_base`, `stage_sft`, `stage_grpo`, the same tasks in both; `stage_mismatch`, the
+mismatch panel of a round's student rollouts against its checkpoint).
 
 `train-sft` fine-tunes a model on a snapshot of the lake; `train-grpo` improves a model with GRPO on the
 schedule's train tasks that still give signal, rewarded by our verifiers in our sandboxes. Every training step
@@ -24,19 +25,21 @@ from flows.stages import StageTimer, metric
 def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
     """Build the tiny base student from the schedule's task corpus (or use the configured model) and register it."""
     from training.registry import model_dir, register_checkpoint
-    from training.tiny import build_tiny_model, task_corpus
+    from training.tiny import FAMILIES, build_tiny_model, task_corpus
     from training.warmup import warm_up_copying
 
     root = cfg.run.out
     timer = StageTimer()
     metrics: dict[str, Any] = {}
-    if cfg.student.base == "tiny":
+    if cfg.student.base in FAMILIES:  # tiny, tiny-gptoss, tiny-qwen3
         corpus_tasks = schedule_train_tasks(cfg)
         path = model_dir(root, f"{run_id}-base")
         shutil.rmtree(path, ignore_errors=True)
         t = cfg.student.tiny
-        build_tiny_model(path, task_corpus(corpus_tasks), hidden=t.hidden, layers=t.layers, heads=t.heads,
-                         kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed)
+        fam = cfg.student.base
+        build_tiny_model(path, task_corpus(corpus_tasks, family=fam), family=fam, hidden=t.hidden, layers=t.layers,
+                         heads=t.heads, kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed,
+                         experts=t.experts, experts_per_token=t.experts_per_token)
         with gpu_slot(cfg.limits):
             warm = warm_up_copying(path, [task.prompt for task in corpus_tasks], steps=t.copy_warmup_steps,
                                    seed=t.seed, threads=cfg.sft.threads, progress=True)
@@ -120,6 +123,38 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
     write_rows(root, "rounds", rows)
     return {"checkpoint_id": ck.checkpoint_id, "path": res.checkpoint_path, "wall_s": res.total_s,
             "tasks": len(chosen), "rewards": res.rewards}
+
+
+@task(name="mismatch", log_prints=False)
+def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[str, Any]) -> dict[str, Any]:
+    """The mismatch panel of the round's student rollouts (their stored logprobs) against the student's checkpoint
+    recomputed as the trainer sees it; its figures land in the rounds table (subject 'mismatch') and `refused`
+    lists the thresholds (cfg.mismatch) it crosses."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.mismatch import MismatchError, promotion_refusals, rows_panel
+    from warehouse.lake import write_rows
+    from warehouse.query import read_trajectories
+
+    timer = StageTimer()
+    rows = read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND source = 'student'", [run_id, round])
+    tok = AutoTokenizer.from_pretrained(student["path"])
+    model = AutoModelForCausalLM.from_pretrained(student["path"]).eval()
+    try:
+        with gpu_slot(cfg.limits):
+            p = rows_panel(model, tok, rows, old_batch_size=1)
+    except MismatchError as e:
+        return {"skipped": str(e), "refused": [], "wall_s": timer.s}
+    figures = {"mm:mean_abs_diff": p.mean_abs_diff, "mm:max_abs_diff": p.max_abs_diff,
+               "mm:token_mult_prob_error": p.token_mult_prob_error, "mm:iw_max": p.iw_max,
+               "mm:clip_fraction": p.clip_fraction or 0.0}
+    if p.pearson is not None:
+        figures["mm:pearson"] = p.pearson
+    write_rows(cfg.run.out, "rounds", [metric(run_id, round, "mismatch", "mismatch", "train", "all", k, v)
+                                        for k, v in figures.items()]
+               + [metric(run_id, round, "mismatch", "stage", "-", "all", "wall_s", timer.s)])
+    refused = promotion_refusals(p, cfg.mismatch)
+    return {"panel": p.model_dump(), "refused": refused, "wall_s": timer.s}
 
 
 def _parent(model: str) -> dict[str, Any]:

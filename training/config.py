@@ -11,16 +11,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+TINY_FAMILIES = ("tiny", "tiny-gptoss", "tiny-qwen3")  # student.base names of training/tiny.py's FAMILIES
+
 
 class TinyModelConfig(BaseModel):
     """Size of the tiny student built from scratch for offline runs (training/tiny.py)."""
 
     model_config = ConfigDict(extra="forbid")
-    hidden: int = Field(default=128, gt=0, description="Hidden size of the Qwen2-style model.")
+    hidden: int = Field(default=128, gt=0, description="Hidden size of the model (every family).")
     layers: int = Field(default=4, gt=0, description="Number of transformer layers.")
     heads: int = Field(default=4, gt=0, description="Attention heads (hidden must divide by it).")
     kv_heads: int = Field(default=2, gt=0, description="Key/value heads (grouped-query attention).")
     vocab_size: int = Field(default=2048, gt=300, description="Target BPE vocabulary size of the corpus tokenizer.")
+    experts: int = Field(default=4, ge=1, description="Experts per MoE layer (tiny-gptoss only).")
+    experts_per_token: int = Field(default=2, ge=1, description="Experts each token is routed to, top-k "
+                                   "(tiny-gptoss only; must not exceed experts).")
     seed: int = Field(default=0, description="Seed of the random initial weights.")
     copy_warmup_steps: int = Field(default=400, ge=0, description="Steps of echoing the train prompts after the "
                                    "random init (training/warmup.py), so that the base can copy from context as "
@@ -130,3 +135,21 @@ class DiagnosticsThresholds(BaseModel):
     max_rewarded_logp_drop: float = Field(default=0.5, ge=0, description="Warn when a GRPO step lowers the mean "
                                           "log-probability of its own positive-advantage completions by more than "
                                           "this many nats (the step overshoots; needs GRPOConfig.update_check).")
+
+
+class MismatchThresholds(BaseModel):
+    """When the mismatch panel (training/mismatch.py) refuses to promote a checkpoint to the next round."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(default=True, description="Compute the panel over the round's student rollouts that "
+                          "carry logprobs and refuse promotion when a threshold below is crossed.")
+    max_token_mult_prob_error: float = Field(default=1.1, ge=1.0, description="Refuse at or above this NeMo-RL "
+                                             "token_mult_prob_error (mean of exp|Δlogp|); NeMo-RL's CI fails a run "
+                                             "whose median reaches 1.1.")
+    max_mean_abs_logp_diff: float = Field(default=0.1, ge=0, description="Refuse above this mean |trainer - "
+                                          "rollout| log-probability per token (nats).")
+    min_pearson: float = Field(default=0.9, ge=-1, le=1, description="Refuse below this Pearson correlation of "
+                               "trainer and rollout log-probabilities.")
+    max_clip_fraction: float = Field(default=0.0, ge=0, le=1, description="Refuse above this clip fraction of the "
+                                     "first on-policy mini-batch (it must be 0; more is the MoE symptom).")
+

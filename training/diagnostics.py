@@ -47,6 +47,7 @@ _KEYS = {
     "sampling/importance_sampling_ratio/mean": "importance_weight_mean",
     "sampling/importance_sampling_ratio/min": "importance_weight_min",
     "sampling/importance_sampling_ratio/max": "importance_weight_max",
+    "clip_ratio/region_mean": "clip_fraction",
     "mean_token_accuracy": "mean_token_accuracy",
 }
 
@@ -70,6 +71,9 @@ class StepDiagnostics(BaseModel):
     importance_weight_mean: float | None = None
     importance_weight_min: float | None = None
     importance_weight_max: float | None = None
+    clip_fraction: float | None = Field(default=None, description="Share of completion tokens whose PPO ratio was "
+                                        "clipped (TRL's clip_ratio/region_mean); 0 on an exactly on-policy step, "
+                                        "where TRL takes old_logp = logp.detach() (training/mismatch.py).")
     mean_token_accuracy: float | None = None
     update_logp_pos: float | None = Field(default=None, description="Mean change of the log-probability of this "
                                           "step's positive-advantage completions made by its update (nats).")

@@ -10,7 +10,8 @@ calls them when the model emits tool calls. Here:
 - A method runs the call in the episode's sandbox (acquired lazily from the shared backend, as the loop does)
   through tasks.tools.run_tool and returns tasks.tools.observation: the model sees what it would see in the loop.
 - `use_codec_parser(tokenizer)` makes TRL read every generation with the one conversation codec
-  (agents.transformers_policy.completion_text, then warehouse.chat.parse_text): the calls GRPO runs and the
+  (agents.transformers_policy.completion_text, then warehouse.chat.parse_text in the template's dialect, Hermes or
+  GPT-OSS harmony): the calls GRPO runs and the
   messages it scores are the ones the episode loop would store for the same text. A malformed `<tool_call>` block
   stays a MALFORMED call (TRL answers it with a tool error and the turn is kept), never a silently plain turn.
 - `EpisodeReward` is the reward function: it rebuilds the episode's messages (system + user + completion turns,
@@ -196,8 +197,10 @@ def use_codec_parser(tokenizer: Any) -> Any:
         raise EnvironmentError_("TRL knows no response template for this model's chat template, so GRPO would never "
                                 "see a tool call; use a Hermes/Qwen-style chat template (training.tiny's)")
 
+    dialect = chat.dialect_of(tokenizer.chat_template)
+
     def parse_response(ids: Any, prefix: Any = None, tools: Any = None) -> dict[str, Any]:
-        return trl_turn(chat.parse_text(completion_text(tokenizer, list(ids)), turn=0))
+        return trl_turn(chat.parse_text(completion_text(tokenizer, list(ids)), turn=0, dialect=dialect))
 
     tokenizer.parse_response = parse_response
     return tokenizer

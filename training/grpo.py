@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from sandbox.result import Backend
 from tasks.spec import Task
 from training.config import DiagnosticsThresholds, GRPOConfig
-from training.sft import TrainingError
+from training.sft import TrainingError, router_logits_off
 from warehouse import chat
 
 
@@ -141,6 +141,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     tokenizer = use_codec_parser(AutoTokenizer.from_pretrained(str(model_path)))
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(str(model_path))
+    router_logits_off(model)  # MoE students: generation must not compute the aux loss (training/sft.py)
     reward_fn = EpisodeReward(backend=backend, rewards=rewards, strengths=tuple(cfg.reward_strengths))
     check = UpdateCheck() if cfg.update_check else None
     diag = DiagnosticsCallback(thresholds, update_check=check)

@@ -46,14 +46,16 @@ class SFTResult(BaseModel):
                                                                           "entropy, token accuracy, warnings).")
 
 
-def trajectory_conversation(row: Trajectory) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def trajectory_conversation(row: Trajectory, *, dialect: chat.Dialect = "hermes"
+                            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(messages, tools) of a trajectory as chat templates expect them (warehouse.chat.to_template: tool-call
-    arguments as objects). Raises warehouse.chat.ConversationError for a row that cannot be rendered faithfully
+    arguments as objects, stored reasoning where the dialect's template renders it: harmony's analysis channel,
+    Qwen3's `<think>`). Raises warehouse.chat.ConversationError for a row that cannot be rendered faithfully
     (a malformed call, arguments that are not a JSON object) or that holds an empty assistant turn: SFT counts it
     as dropped_malformed, never imitates it."""
     if any(m.role == "assistant" and chat.is_empty(m) for m in row.messages):
         raise chat.ConversationError(f"trajectory {row.trajectory_id} has an empty assistant turn")
-    return chat.to_template(row.messages), json.loads(row.tools_json or "[]")
+    return chat.to_template(row.messages, dialect=dialect), json.loads(row.tools_json or "[]")
 
 
 def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
@@ -88,13 +90,14 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
     Returns the columns and counts of what was kept, cut and dropped (with the dropped ids).
     """
     template = _training_template(tokenizer) if cfg.assistant_only_loss else None
+    dialect = chat.dialect_of(tokenizer.chat_template)
     ids_col: list[list[int]] = []
     labels_col: list[list[int]] = []
     stats = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0, "loss_tokens": 0,
              "dropped_ids": []}
     for row in rows:
         try:
-            msgs, tools = trajectory_conversation(row)
+            msgs, tools = trajectory_conversation(row, dialect=dialect)
         except chat.ConversationError:
             stats["dropped_malformed"] += 1
             stats["dropped_ids"].append(row.trajectory_id)
@@ -124,6 +127,17 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
         stats["tokens"] += len(ids)
         stats["loss_tokens"] += sum(1 for lab in labels if lab != -100)
     return {"input_ids": ids_col, "labels": labels_col}, stats
+
+
+def router_logits_off(model: Any) -> None:
+    """Stop a mixture-of-experts model (GPT-OSS) returning router logits outside the training forward pass.
+
+    TRL's trainers turn `config.output_router_logits` on for the load-balancing loss; saved that way, generation
+    with a KV cache computes the loss over the whole attention mask against one step's router logits and crashes
+    (transformers 5.24, GPT-OSS). The trainers pass the flag explicitly where they need the loss."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "output_router_logits", False):
+        config.output_router_logits = False
 
 
 def _device_kwargs(bf16: bool) -> dict[str, Any]:
@@ -193,6 +207,7 @@ def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: st
         trainer.train()
         wall = time.perf_counter() - t1
         losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        router_logits_off(trainer.model)
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
     return SFTResult(

@@ -5,7 +5,8 @@ just read (induction heads). A tiny model built from random weights cannot, and 
 slows and derails its SFT: the loss sits on a plateau (~0.4) until a copy mechanism forms, which took 600 to 1,500
 of 2,000 steps depending on the data order, and in some orders the model settled instead for adding the numbers in
 its head (issue 9: 54-74% held-out instead of 100%). `warm_up_copying` trains the model on
-`<|im_start|>TEXT<|im_end|>TEXT<|im_end|>` with the loss on the second copy only: ~400 steps (~50 s on one core)
+`<|im_start|>TEXT<|im_end|>TEXT<|im_end|>` (harmony's `<|start|>`/`<|end|>` for GPT-OSS) with the loss on the
+second copy only: ~400 steps (~50 s on one core)
 take the echo loss from ~0.8 to ~0.15, and SFT then learns at once (its loss at step 400: 0.01-0.15 after the
 warm-up, 0.36-0.42 without). Held-out arithmetic after 2,000 SFT steps (lr 5e-3, weight decay 0.3), per data
 order: with the warm-up 100% in 3 of 3 orders, among them the one where 2,000 steps without it stalled at 74%
@@ -66,7 +67,9 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int, lear
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    vocab = tok.get_vocab()  # the turn markers of the family: Qwen's, else harmony's (GPT-OSS)
+    start, end = (vocab["<|im_start|>"], vocab["<|im_end|>"]) if "<|im_start|>" in vocab else (vocab["<|start|>"],
+                                                                                                 vocab["<|end|>"])
     encoded = [tok.encode(t, add_special_tokens=False) for t in texts]
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)

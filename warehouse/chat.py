@@ -19,8 +19,21 @@ Rendering: `to_openai` is the OpenAI wire format (arguments as JSON strings); `t
 expect (content "" for None, arguments decoded to objects) and raises `ConversationError` for a message it cannot
 render faithfully (a malformed call, arguments that are not a JSON object).
 
-It depends only on the record's message shape. It does not know tokenizers, tools or verdicts; messages will
-later carry reasoning and token ids: extend `Message`, `parse_text` and the two renderers together.
+Dialects (`dialect_of(chat_template)` tells which a template writes; `parse_text(..., dialect=)` reads it):
+- "hermes" (Qwen2.5, Qwen3, most templates): the blocks above; a leading `<think>...</think>` block (Qwen3) is the
+  message's `reasoning`, the rest is read as above.
+- "harmony" (GPT-OSS): the reply after the `<|start|>assistant` header is one or more harmony messages, each
+  `[to=functions.NAME]<|channel|>CHANNEL[ to=functions.NAME][ <|constrain|>json| json]<|message|>BODY` ended by
+  `<|end|>`, `<|call|>` or `<|return|>` and the next opened by `<|start|>assistant`. A message addressed
+  `to=functions.NAME` is a tool call whose BODY is the JSON arguments (read as the block `{"name": NAME,
+  "arguments": BODY}`, so a bad body is MALFORMED exactly as above); the analysis channel is `reasoning`; the
+  final channel (or a message with no channel) is `content`. Text with no harmony header at all is content.
+`to_template(messages, dialect=)` puts `reasoning` where the family's template reads it: `thinking` for harmony
+(the analysis channel), `reasoning_content` otherwise (Qwen3's `<think>`; templates without reasoning ignore it).
+GPT-OSS's template cannot show content and reasoning beside a tool call: there the analysis message is the
+reasoning, then the content, joined by a blank line.
+
+It depends only on the record's message shape. It does not know tokenizers, tools or verdicts.
 """
 
 from __future__ import annotations
@@ -34,6 +47,13 @@ from warehouse.record import FunctionCall, Message, ToolCall
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MALFORMED = "<malformed>"  # the name of a call the model wrote but that cannot be read as one
 _BLOCK_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_THINK_RE = re.compile(r"\A\s*<think>(.*?)</think>", re.DOTALL)
+_HARMONY_END_RE = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
+_HARMONY_RECIPIENT_RE = re.compile(r"to=functions\.([^\s<]+)")
+_HARMONY_CHANNEL_RE = re.compile(r"<\|channel\|>\s*(\w+)")
+HARMONY_START = "<|start|>assistant"
+Dialect = str  # "hermes" | "harmony"
+DIALECTS = ("hermes", "harmony")
 
 
 class ConversationError(ValueError):
@@ -76,12 +96,56 @@ def _read_block(raw: str) -> tuple[str, str]:
     return obj["name"], encode_arguments(args)
 
 
-def parse_text(text: str | None, *, turn: int) -> Message:
+def dialect_of(chat_template: str | dict | None) -> Dialect:
+    """The dialect a chat template writes: "harmony" for GPT-OSS's (its `<|channel|>` markers), else "hermes"."""
+    if isinstance(chat_template, dict):
+        chat_template = chat_template.get("default", "")
+    return "harmony" if chat_template and "<|channel|>" in chat_template else "hermes"
+
+
+def parse_text(text: str | None, *, turn: int, dialect: Dialect = "hermes") -> Message:
     """Model text -> assistant Message (see the module docstring); call ids from `call_id(turn, i)`."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {DIALECTS}, not {dialect!r}")
     text = text or ""
+    if dialect == "harmony":
+        return _parse_harmony(text, turn=turn)
+    reasoning = None
+    think = _THINK_RE.match(text)
+    if think:
+        reasoning, text = _content(think.group(1)), text[think.end():]
     calls = [ToolCall(id=call_id(turn, i), function=FunctionCall(name=name, arguments=args))
              for i, (name, args) in enumerate(_read_block(raw.strip()) for raw in _BLOCK_RE.findall(text))]
-    return Message(role="assistant", content=_content(_BLOCK_RE.sub("", text)), tool_calls=calls or None)
+    return Message(role="assistant", content=_content(_BLOCK_RE.sub("", text)), tool_calls=calls or None,
+                   reasoning=reasoning)
+
+
+def _parse_harmony(text: str, *, turn: int) -> Message:
+    if "<|message|>" not in text:
+        return Message(role="assistant", content=_content(_HARMONY_END_RE.sub("", text)))
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    for part in text.split(HARMONY_START):
+        if not part.strip():
+            continue
+        header, sep, body = part.partition("<|message|>")
+        body = _HARMONY_END_RE.split(body, maxsplit=1)[0]
+        if not sep:  # a header the model never finished: keep the text as content
+            content.append(_HARMONY_END_RE.sub("", part))
+            continue
+        recipient = _HARMONY_RECIPIENT_RE.search(header)
+        channel = _HARMONY_CHANNEL_RE.search(header)
+        if recipient:
+            name, args = _read_block('{"name": ' + json.dumps(recipient.group(1)) + ', "arguments": '
+                                     + (body.strip() or "{}") + "}")
+            calls.append(ToolCall(id=call_id(turn, len(calls)), function=FunctionCall(name=name, arguments=args)))
+        elif channel and channel.group(1) == "analysis":
+            reasoning.append(body)
+        else:
+            content.append(body)
+    return Message(role="assistant", content=_content("\n\n".join(content)), tool_calls=calls or None,
+                   reasoning=_content("\n\n".join(reasoning)))
 
 
 def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> Message:
@@ -155,11 +219,14 @@ def template_call(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": args}}
 
 
-def to_template(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages as chat templates render them: content "" for None, tool-call arguments decoded to objects.
+def to_template(messages: list[Message], *, dialect: Dialect = "hermes") -> list[dict[str, Any]]:
+    """Messages as chat templates render them: content "" for None, tool-call arguments decoded to objects,
+    reasoning in the dialect's field (see the module docstring).
 
     Raises ConversationError for a call it cannot render faithfully (the template would show the model something
     it never wrote)."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {DIALECTS}, not {dialect!r}")
     out: list[dict[str, Any]] = []
     for m in messages:
         d = m.to_openai()
@@ -167,5 +234,13 @@ def to_template(messages: list[Message]) -> list[dict[str, Any]]:
             d["content"] = ""
         if m.tool_calls:
             d["tool_calls"] = [template_call(tc) for tc in m.tool_calls]
+        if m.role == "assistant" and m.reasoning:
+            if dialect == "harmony":
+                if m.tool_calls and d["content"]:
+                    d["thinking"], d["content"] = m.reasoning + "\n\n" + d["content"], ""
+                else:
+                    d["thinking"] = m.reasoning
+            else:
+                d["reasoning_content"] = m.reasoning
         out.append(d)
     return out

@@ -152,6 +152,8 @@ def build_report(root: str, run_id: str) -> Report:
             ("teacher_yield.png", "yield", "teacher", "teacher yield (passing share of episodes)", "yield", False),
             ("hack_rate.png", "hack:", "teacher", "teacher hack rate by reason code", "share of episodes", True),
             ("snapshot_mix.png", "mix:", "snapshot", "training snapshot mix by source", "examples", True),
+            ("mismatch_panel.png", "mm:", "mismatch", "trainer vs rollout logprobs (mismatch panel)", "value",
+             False),
             ("stage_wall_time.png", "wall_s", "stage", "wall time per round", "seconds", True)):
         if name == "stage_wall_time.png":
             pts = [dict(r, metric=f"wall_s{r['stage']}") for r in rows if r["subject"] == "stage"

@@ -32,6 +32,7 @@ CASES = [
     (["generate", "--format", "x"], "No such option: --format"),
     (["run", "--rounds", "abc"], "Invalid value for '--rounds'"),
     (["run", "--resume", "nope", "--out", "{d}"], "run nope has no saved config"),
+    (["run", "--out", "{d}", "--set", 'student.base="tiny-gpt"'], "is no tiny family (tiny, tiny-gptoss, tiny-qwen3)"),
     (["curate", "--run-id", "r", "--out", "{d}/none"], "lake root {d}/none does not exist"),
     (["curate"], "Missing option '--run-id'"),
     (["train", "sft", "--model", "m", "--snapshot", "s", "--run-id", "r", "--out", "{d}/none"],

@@ -70,3 +70,35 @@ def test_templates_get_objects_and_openai_gets_strings():
     bad = call.model_copy(update={"function": FunctionCall(name="python", arguments=json.dumps([1]))})
     with pytest.raises(chat.ConversationError, match="not a JSON object"):
         chat.to_template([Message(role="assistant", tool_calls=[bad])])
+
+
+def test_harmony_replies_read_into_reasoning_content_and_calls():
+    assert chat.dialect_of("x<|channel|>y") == "harmony" and chat.dialect_of("{{ '<tool_call>' }}") == "hermes"
+    text = ('<|channel|>analysis<|message|>add them<|end|><|start|>assistant to=functions.python'
+            '<|channel|>commentary json<|message|>{"code": "print(1 + 2)"}')
+    m = chat.parse_text(text, turn=2, dialect="harmony")
+    assert m.reasoning == "add them" and m.content is None
+    assert m.tool_calls == [ToolCall(id="call_2_0", function=FunctionCall(name="python",
+                                                                          arguments='{"code": "print(1 + 2)"}'))]
+    # the recipient may also follow the channel (harmony allows both orders); a bad body is MALFORMED, kept
+    bad = chat.parse_text('<|channel|>commentary to=functions.python <|constrain|>json<|message|>{"code": ',
+                          turn=1, dialect="harmony")
+    assert chat.is_malformed(bad.tool_calls[0]) and "not valid JSON" in chat.malformed_reason(bad.tool_calls[0])
+    final = chat.parse_text("<|channel|>final<|message|>Answer: 3", turn=4, dialect="harmony")
+    assert (final.content, final.reasoning, final.tool_calls) == ("Answer: 3", None, None)
+    assert chat.parse_text("just words", turn=1, dialect="harmony").content == "just words"
+    assert chat.is_empty(chat.parse_text("", turn=1, dialect="harmony"))
+    with pytest.raises(ValueError, match="dialect"):
+        chat.parse_text("x", turn=1, dialect="llama")
+
+
+def test_think_blocks_are_reasoning_and_reasoning_renders_per_dialect():
+    m = chat.parse_text('<think>\nsum\n</think>\n\n<tool_call>{"name": "f", "arguments": {}}</tool_call>', turn=1)
+    assert m.reasoning == "sum" and m.content is None and m.tool_calls[0].function.name == "f"
+    assert chat.parse_text("<think>\n\n</think>\n\nok", turn=1).reasoning is None
+    call = ToolCall(id="c", function=FunctionCall(name="f", arguments="{}"))
+    msg = Message(role="assistant", content="see", reasoning="why", tool_calls=[call])
+    assert chat.to_template([msg])[0]["reasoning_content"] == "why"
+    harmony = chat.to_template([msg], dialect="harmony")[0]  # gpt-oss cannot show both beside a call
+    assert (harmony["thinking"], harmony["content"]) == ("why\n\nsee", "")
+    assert "thinking" not in chat.to_template([Message(role="assistant", content="a")], dialect="harmony")[0]

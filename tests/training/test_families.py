@@ -1,0 +1,213 @@
+"""Students of real families, built offline: tiny GPT-OSS (MoE, attention sinks, sliding window, harmony template)
+and tiny Qwen3 (`<think>` template): TRL recognises their templates, the codec reads their tool calls as TRL's own
+response parsers do, SFT renders stored reasoning the family's way with assistant-only masks, one SFT step, one
+in-process episode in a real sandbox lands as a row, one GRPO step runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tasks.tools import tool_schemas
+from training.config import GRPOConfig, SFTConfig
+from training.tiny import FAMILIES, TinyModelError, build_tiny_model, reference_conversation, task_corpus
+from warehouse import chat
+from warehouse.record import FunctionCall, Message, ToolCall
+
+FAMS = ["tiny-gptoss", "tiny-qwen3"]
+
+
+@pytest.fixture(scope="module", params=FAMS)
+def fam_model(request, tmp_path_factory, train_tasks):
+    fam = request.param
+    path = build_tiny_model(tmp_path_factory.mktemp(fam) / "base", task_corpus(train_tasks, family=fam), family=fam,
+                            hidden=32, layers=2, heads=2, kv_heads=1, vocab_size=600, seed=0)
+    return fam, path
+
+
+def test_real_architectures(fam_model):
+    fam, path = fam_model
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert json.loads((path / "config.json").read_text())["architectures"] == [FAMILIES[fam].architecture]
+    assert model.config.vocab_size == len(tok)
+    stops = model.generation_config.eos_token_id
+    stops = stops if isinstance(stops, list) else [stops]
+    assert sorted(tok.convert_ids_to_tokens(stops)) == sorted(FAMILIES[fam].stop_tokens)
+    if fam == "tiny-gptoss":
+        c = model.config
+        assert c.model_type == "gpt_oss" and c.num_local_experts == 4 and c.num_experts_per_tok == 2
+        assert set(c.layer_types) == {"sliding_attention", "full_attention"} and c.sliding_window == 128
+        names = {n for n, _ in model.named_parameters()}
+        assert any(n.endswith("self_attn.sinks") for n in names)  # a learnt attention sink per head
+        assert any("mlp.router" in n for n in names) and any("mlp.experts" in n for n in names)
+        for t in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>"):
+            assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1, t
+    else:
+        assert model.config.model_type == "qwen3"
+        for t in ("<think>", "</think>", "<tool_call>"):
+            assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1, t
+
+
+def test_unknown_family_names_the_choices(tmp_path, train_tasks):
+    with pytest.raises(TinyModelError, match="tiny-gptoss"):
+        build_tiny_model(tmp_path / "x", task_corpus(train_tasks[:2]), family="tiny-llama")
+
+
+def test_trl_recognises_the_template_and_parses_like_the_codec(fam_model, train_tasks):
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+        supports_tool_calling,
+    )
+
+    fam, path = fam_model
+    tok = AutoTokenizer.from_pretrained(path)
+    assert supports_tool_calling(tok)
+    training = AutoTokenizer.from_pretrained(path)
+    training.chat_template = get_training_chat_template(tok)  # what SFT masks with and GRPO's tool loop renders
+    assert "generation" in training.chat_template and is_chat_template_prefix_preserving(training)
+    # Qwen3's own template drops earlier turns' empty think blocks (not prefix-preserving); GPT-OSS's is
+    assert is_chat_template_prefix_preserving(tok) == (fam == "tiny-gptoss")
+    add_response_schema(tok)  # raises for a template TRL does not know
+    conv = reference_conversation(train_tasks[0], family=fam)
+    tools = tool_schemas(["python"])
+    # the assistant's first turn as the template writes it: the text after the generation prompt
+    prompt = tok.apply_chat_template(conv[:2], tools=tools, tokenize=False, add_generation_prompt=True)
+    msg = Message(role="assistant", reasoning="I will compute it.",
+                  tool_calls=[ToolCall(id="call_2_0", function=FunctionCall(name="python",
+                                                                           arguments='{"code": "print(2 + 3)"}'))])
+    full = tok.apply_chat_template(conv[:2] + chat.to_template([msg], dialect=chat.dialect_of(tok.chat_template)),
+                                   tools=tools, tokenize=False)
+    assert full.startswith(prompt)
+    completion = full[len(prompt):]
+    ids = tok(completion, add_special_tokens=False)["input_ids"]
+    from agents.transformers_policy import completion_text
+
+    ours = chat.parse_text(completion_text(tok, ids), turn=2, dialect=chat.dialect_of(tok.chat_template))
+    assert ours.tool_calls[0].function.name == "python"
+    assert json.loads(ours.tool_calls[0].function.arguments) == {"code": "print(2 + 3)"}
+    assert ours.reasoning == "I will compute it." and ours.content is None
+    prefix = tok.apply_chat_template(conv[:2], tools=tools, tokenize=True, add_generation_prompt=True,
+                                     return_dict=True)["input_ids"]
+    theirs = tok.parse_response(tok(completion, add_special_tokens=False)["input_ids"], prefix=list(prefix))
+    assert theirs["tool_calls"][0]["function"]["name"] == "python"
+    assert theirs["tool_calls"][0]["function"]["arguments"] == {"code": "print(2 + 3)"}
+
+
+def _reasoning_row(ref_row):
+    """A reference row whose assistant turns carry stored reasoning (schema 3's Message.reasoning)."""
+    msgs = [m.model_copy(update={"reasoning": f"step {i}: work it out"}) if m.role == "assistant" else m
+            for i, m in enumerate(ref_row.messages)]
+    return ref_row.model_copy(update={"messages": msgs})
+
+
+def test_sft_renders_reasoning_the_family_way_with_assistant_only_loss(fam_model, ref_rows):
+    from training.sft import tokenize_rows
+
+    fam, path = fam_model
+    tok = AutoTokenizer.from_pretrained(path)
+    row = _reasoning_row(ref_rows[0])
+    cols, stats = tokenize_rows(tok, [row], SFTConfig(max_length=4096))
+    assert stats["dropped_malformed"] == 0 and stats["truncated"] == 0
+    ids, labels = cols["input_ids"][0], cols["labels"][0]
+    trained = tok.decode([t for t, lab in zip(ids, labels) if lab != -100])
+    untrained = tok.decode([t for t, lab in zip(ids, labels) if lab == -100])
+    last = len(row.messages) - 1  # the final answer's reasoning survives in every family
+    if fam == "tiny-gptoss":
+        assert f"<|channel|>analysis<|message|>step {last}: work it out<|end|>" in trained
+        assert "to=functions.python<|channel|>commentary json<|message|>" in trained and "<|call|>" in trained
+        assert trained.rstrip().endswith("<|return|>")
+    else:
+        for i, m in enumerate(row.messages):
+            if m.role == "assistant":
+                assert f"<think>\nstep {i}: work it out\n</think>" in trained
+        assert "<tool_call>" in trained and trained.rstrip().endswith("<|im_end|>")
+    # no user, system or tool token is trained; the tool output and the question are only context
+    user = next(m.content for m in row.messages if m.role == "user")
+    tool = next(m.content for m in row.messages if m.role == "tool")
+    assert user in untrained and user not in trained
+    assert tool.strip() in untrained and tool.strip() not in trained.replace(row.messages[-1].content or "", "")
+    assert "work it out" not in untrained
+
+
+def test_one_sft_step_one_episode_one_grpo_step(fam_model, ref_rows, train_tasks, backend, tmp_path):
+    from agents.rollout import rollout
+    from agents.transformers_policy import TransformersPolicy, completion_text
+    from training.grpo import train_grpo
+    from training.sft import train_sft
+
+    fam, path = fam_model
+    res = train_sft(path, [_reasoning_row(r) for r in ref_rows[:8]], tmp_path / "sft",
+                    SFTConfig(max_steps=1, batch_size=4), progress=False)
+    assert res.steps == 1 and res.losses and res.n_examples == 8
+    policy = TransformersPolicy(res.checkpoint_path, temperature=1.0, max_new_tokens=24, seed=1)
+    rows: list = []
+    asyncio.run(rollout(train_tasks[:1], policy, backend, run_id=f"fam-{fam}", concurrency=1, on_rows=rows.extend,
+                        batch_size=1, progress=False))
+    assert len(rows) == 1
+    row = rows[0]
+    assert row.verdict in {"pass", "fail", "hack", "model_error", "timeout"}, (row.verdict, row.error)
+    assert row.completion_token_ids and row.completion_logprobs
+    first = next(m for m in row.messages if m.role == "assistant")
+    ids = row.completion_token_ids[0]
+    assert len(row.completion_logprobs[0]) == len(ids)
+    # the stored message is what the family's codec reads from the generated tokens
+    again = chat.parse_text(completion_text(policy.tokenizer, ids), turn=2, dialect=policy.dialect)
+    assert (first.content, first.reasoning, first.tool_calls) == (again.content, again.reasoning, again.tool_calls)
+    assert policy.dialect == ("harmony" if fam == "tiny-gptoss" else "hermes")
+    g = train_grpo(res.checkpoint_path, train_tasks[:2], tmp_path / "grpo",
+                   GRPOConfig(max_steps=1, num_generations=2, prompts_per_step=2, max_completion_length=24,
+                              max_tool_calling_iterations=1, update_check=False),
+                   backend=backend, progress=False)
+    assert g.steps == 1 and g.episodes == 4
+    assert g.steps_diagnostics[0]["clip_fraction"] == 0.0  # exactly on-policy: old_logp = logp.detach()
+    assert AutoModelForCausalLM.from_pretrained(g.checkpoint_path).config.architectures == [FAMILIES[fam].architecture]
+
+
+def test_qwen3_thinking_on_and_off(fam_model, train_tasks, backend):
+    from agents.loop import initial_messages
+    from agents.rollout import rollout
+    from agents.transformers_policy import TransformersPolicy
+
+    fam, path = fam_model
+    if fam != "tiny-qwen3":
+        pytest.skip("Qwen3's template switch")
+    msgs, tools = initial_messages(train_tasks[0]), tool_schemas(["python"])
+    on, off = TransformersPolicy(path, max_new_tokens=8), TransformersPolicy(path, max_new_tokens=8,
+                                                                             enable_thinking=False)
+    assert on.tokenizer.decode(on.prompt_ids(msgs, tools)).endswith("<|im_start|>assistant\n")
+    assert off.tokenizer.decode(off.prompt_ids(msgs, tools)).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert off.sampling["enable_thinking"] is False
+    rows: list = []
+    asyncio.run(rollout(train_tasks[:1], off, backend, run_id="think-off", concurrency=1, on_rows=rows.extend,
+                        batch_size=1, progress=False))
+    assert len(rows) == 1 and rows[0].completion_token_ids
+
+
+@pytest.mark.slow
+def test_a_briefly_trained_student_calls_tools_in_its_family_format(fam_model, ref_rows, train_tasks, backend,
+                                                                    tmp_path):
+    """80 SFT steps (~25-40 s): the student writes a tool call in its family's format, the in-process policy parses
+    it, the sandbox runs it, and the final answer follows (measured: every episode, both families)."""
+    from agents.rollout import rollout
+    from agents.transformers_policy import TransformersPolicy
+    from training.sft import train_sft
+
+    fam, path = fam_model
+    res = train_sft(path, [r for r in ref_rows if r.verdict == "pass"], tmp_path / "sft",
+                    SFTConfig(max_steps=80, batch_size=8, learning_rate=1e-2), progress=False)
+    policy = TransformersPolicy(res.checkpoint_path, max_new_tokens=48)
+    rows: list = []
+    asyncio.run(rollout(train_tasks[:4], policy, backend, run_id=f"warm-{fam}", concurrency=4, on_rows=rows.extend,
+                        batch_size=4, progress=False))
+    called = [r for r in rows if any(c.function.name == "python" for m in r.messages if m.role == "assistant"
+                                     for c in m.tool_calls or [])]
+    assert len(called) >= 3, [(r.verdict, [m.model_dump() for m in r.messages[2:]]) for r in rows]
+    for r in called:
+        assert r.messages[3].role == "tool" and r.messages[3].content  # the sandbox ran the parsed call
+        assert (r.messages[-1].content or "").startswith("Answer:")
