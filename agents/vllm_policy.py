@@ -179,7 +179,8 @@ class VLLMPolicy:
             lps = [float(step[tid].logprob) if tid in step else float("nan") for tid, step in zip(ids, out.logprobs)]
         return PolicyReply(message=chat.parse_text(out.text, turn=turn),
                            prompt_tokens=len(req_out.prompt_token_ids or []), completion_tokens=len(ids),
-                           finish_reason=out.finish_reason, token_ids=ids, logprobs=lps)
+                           finish_reason=out.finish_reason, token_ids=ids, logprobs=lps,
+                           prompt_token_ids=[int(t) for t in req_out.prompt_token_ids or []] or None)
 
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
                     sample_index: int) -> PolicyReply:

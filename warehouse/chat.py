@@ -15,16 +15,26 @@ call named `MALFORMED` whose arguments are the block's raw text, so the turn sta
 (and GRPO's reward) score it as a model error (`malformed_reason` says why). An empty reply is an assistant
 message with neither content nor calls (`is_empty`); judging it is the caller's business.
 
-Rendering: `to_openai` is the OpenAI wire format (arguments as JSON strings); `to_template` is what chat templates
-expect (content "" for None, arguments decoded to objects) and raises `ConversationError` for a message it cannot
-render faithfully (a malformed call, arguments that are not a JSON object).
+Reasoning: an assistant message's `reasoning` is kept apart from its content. Read from an endpoint's
+`reasoning` / `reasoning_content` field (vLLM's reasoning parsers), or from model text that opens with a
+`<think>...</think>` block (Qwen3 / DeepSeek-R1 style; `parse_text`, and `from_chat` for a server without a
+reasoning parser). Rendered two ways: as the `reasoning_content` field of the message dict, for templates that
+render reasoning themselves (`template_renders_reasoning`: Qwen3's and TRL's qwen3 template read
+`reasoning_content`); else inline, as `<think>\n{reasoning}\n</think>` opening the content (`inline_reasoning`),
+which is what the default tiny student (TRL's qwen2_5 template, which has no reasoning of its own) is trained on
+and generates, and what `parse_text` reads back: render -> parse -> render is the same text.
 
-It depends only on the record's message shape. It does not know tokenizers, tools or verdicts; messages will
-later carry reasoning and token ids: extend `Message`, `parse_text` and the two renderers together.
+Rendering: `to_openai` is the OpenAI wire format (arguments as JSON strings; reasoning as `reasoning_content`, or
+inline); `to_template` is what chat templates expect (content "" for None, arguments decoded to objects,
+reasoning inline or as a field) and raises `ConversationError` for a message it cannot render faithfully (a
+malformed call, arguments that are not a JSON object).
+
+It depends only on the record's message shape. It does not know tokenizers, tools or verdicts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -32,6 +42,8 @@ from typing import Any
 from warehouse.record import FunctionCall, Message, ToolCall
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_THINK_RE = re.compile(r"\A\s*<think>(.*?)</think>", re.DOTALL)
 MALFORMED = "<malformed>"  # the name of a call the model wrote but that cannot be read as one
 _BLOCK_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
@@ -76,12 +88,42 @@ def _read_block(raw: str) -> tuple[str, str]:
     return obj["name"], encode_arguments(args)
 
 
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, the rest) of model text that opens with a `<think>...</think>` block; (None, text) otherwise."""
+    m = _THINK_RE.match(text)
+    if m is None:
+        return None, text
+    return _content(m.group(1)), text[m.end():]
+
+
+def inline_reasoning(reasoning: str | None, content: str | None) -> str | None:
+    """Content with the reasoning rendered into it as the model writes it: `<think>\nR\n</think>` then, when
+    there is content, a blank line and the content. Without reasoning, the content unchanged."""
+    if not reasoning:
+        return content
+    head = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}"
+    return f"{head}\n\n{content}" if content else head
+
+
+def template_renders_reasoning(template: str | None) -> bool:
+    """Whether a chat template renders a message's `reasoning_content` itself (Qwen3's does; TRL's qwen2_5 does
+    not): then reasoning goes to templates as that field, else inline in the content."""
+    return bool(template) and "reasoning_content" in template
+
+
+def template_hash(template: str | None) -> str | None:
+    """The record's `chat_template_hash`: sha256 of the chat template's text, first 16 hex; None without one."""
+    return hashlib.sha256(template.encode()).hexdigest()[:16] if template else None
+
+
 def parse_text(text: str | None, *, turn: int) -> Message:
-    """Model text -> assistant Message (see the module docstring); call ids from `call_id(turn, i)`."""
-    text = text or ""
+    """Model text -> assistant Message (see the module docstring); call ids from `call_id(turn, i)`; an opening
+    `<think>...</think>` block is the reasoning."""
+    reasoning, text = split_reasoning(text or "")
     calls = [ToolCall(id=call_id(turn, i), function=FunctionCall(name=name, arguments=args))
              for i, (name, args) in enumerate(_read_block(raw.strip()) for raw in _BLOCK_RE.findall(text))]
-    return Message(role="assistant", content=_content(_BLOCK_RE.sub("", text)), tool_calls=calls or None)
+    return Message(role="assistant", content=_content(_BLOCK_RE.sub("", text)), tool_calls=calls or None,
+                   reasoning=reasoning)
 
 
 def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> Message:
@@ -90,6 +132,8 @@ def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> 
     Assistant tool calls keep their id (else `call_id(turn, j)`); arguments go through `encode_arguments`; a call
     without a function name (or a non-function call) is kept as MALFORMED with its JSON as arguments. An assistant
     turn without calls whose content holds `<tool_call>` text is parsed with `parse_text` when text_tool_calls.
+    Reasoning comes from `reasoning` (vLLM's current field), else `reasoning_content` (its older name, and
+    DeepSeek's), else an opening `<think>` block of the content (a server without a reasoning parser).
     Tool, user and system messages keep their content, tool_call_id and name.
     """
     role = d.get("role")
@@ -109,9 +153,12 @@ def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> 
         calls.append(ToolCall(id=cid if isinstance(cid, str) and cid else call_id(turn, j),
                               function=FunctionCall(name=name, arguments=args)))
     content = d.get("content")
+    reasoning = next((_content(d[k]) for k in ("reasoning", "reasoning_content") if isinstance(d.get(k), str)), None)
+    if reasoning is None and isinstance(content, str):
+        reasoning, content = split_reasoning(content)
     if not calls and text_tool_calls and isinstance(content, str) and CALL_OPEN in content:
-        return parse_text(content, turn=turn)
-    return Message(role="assistant", content=_content(content), tool_calls=calls or None)
+        return parse_text(content, turn=turn).model_copy(update={"reasoning": reasoning})
+    return Message(role="assistant", content=_content(content), tool_calls=calls or None, reasoning=reasoning)
 
 
 def is_malformed(call: ToolCall) -> bool:
@@ -136,9 +183,21 @@ def is_empty(message: Message) -> bool:
     return not message.tool_calls and not (message.content or "").strip()
 
 
-def to_openai(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages in the OpenAI chat format (tool-call arguments as JSON strings, None fields omitted)."""
-    return [m.to_openai() for m in messages]
+def to_openai(messages: list[Message], *, reasoning: str = "field") -> list[dict[str, Any]]:
+    """Messages in the OpenAI chat format (tool-call arguments as JSON strings, None fields omitted). An assistant
+    message's reasoning goes as `reasoning_content` (what vLLM hands to the chat template) with reasoning="field",
+    into the content (`inline_reasoning`) with "inline", nowhere with "drop"."""
+    if reasoning not in ("field", "inline", "drop"):
+        raise ValueError(f"reasoning must be 'field', 'inline' or 'drop', got {reasoning!r}")
+    out = []
+    for m in messages:
+        d = m.to_openai()
+        if m.reasoning and reasoning == "field":
+            d["reasoning_content"] = m.reasoning
+        elif m.reasoning and reasoning == "inline":
+            d["content"] = inline_reasoning(m.reasoning, m.content)
+        out.append(d)
+    return out
 
 
 def template_call(call: ToolCall) -> dict[str, Any]:
@@ -155,14 +214,20 @@ def template_call(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": args}}
 
 
-def to_template(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages as chat templates render them: content "" for None, tool-call arguments decoded to objects.
+def to_template(messages: list[Message], *, inline: bool = True) -> list[dict[str, Any]]:
+    """Messages as chat templates render them: content "" for None, tool-call arguments decoded to objects;
+    reasoning inline in the content (`inline_reasoning`), or with inline=False as the `reasoning_content` field
+    (for templates that render it: `template_renders_reasoning`).
 
     Raises ConversationError for a call it cannot render faithfully (the template would show the model something
     it never wrote)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         d = m.to_openai()
+        if m.reasoning and inline:
+            d["content"] = inline_reasoning(m.reasoning, m.content)
+        elif m.reasoning:
+            d["reasoning_content"] = m.reasoning
         if d.get("content") is None:
             d["content"] = ""
         if m.tool_calls:
