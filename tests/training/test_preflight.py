@@ -84,7 +84,11 @@ def scripted(policy: TransformersPolicy, tasks) -> TransformersPolicy:
 def episodes(tasks, policy, backend, run_id):
     async def go():
         return [await run_episode(t, policy, backend, run_id=run_id) for t in tasks]
-    return asyncio.run(go())
+
+    async def in_session():
+        async with policy.session():
+            return await go()
+    return asyncio.run(in_session() if hasattr(policy, "session") else go())
 
 
 def in_process_rows(model_dir, tasks, backend, run_id="inproc"):
@@ -205,7 +209,7 @@ def test_planted_template_change_is_caught_naming_the_rows(clean_rows, tiny_mode
     assert f"template hash differs: {len(planted)}" in p.stdout
 
 
-def test_planted_retokenization_is_caught_at_the_token(clean_rows, tiny_model):
+def test_planted_retokenization_is_caught_at_the_token(clean_rows, tiny_model, tmp_path):
     """The same text, other ids: one multi-character token of a completion replaced by its characters' tokens (a
     sampler can emit that; decoding gives the same text, re-encoding does not give the same ids)."""
     from transformers import AutoTokenizer
@@ -226,3 +230,18 @@ def test_planted_retokenization_is_caught_at_the_token(clean_rows, tiny_model):
     assert (d.turn, d.part, d.role, d.message) == (1, "completion", "assistant", 4)
     assert d.position == len(row.prompt_token_ids[1]) + j and d.stored == split[0] and d.rendered == ids[j]
     assert report.drift_share == 0.5 and not report.mask_problems
+    # the same through the console script, from a lake
+    root = str(tmp_path / "lake")
+    sid = snapshot(root, [clean_rows[0], planted], "retok")
+    p = preflight(root, sid, tiny_model, "--strict")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert (f"drift {row.trajectory_id}: turn 1 completion, message 4 (assistant), first differing token at "
+            f"position {d.position}: stored {split[0]}") in p.stdout
+    assert clean_rows[0].trajectory_id not in p.stdout
+    assert "drift: 1 of 2 rows with token ids (50.0%); refused for RL: 1 (fine for SFT)" in p.stdout
+    # bad input: one error line naming it, exit 2
+    bad = preflight(root, "no-such-snapshot", tiny_model)
+    assert bad.returncode == 2 and "error: snapshot 'no-such-snapshot'" in bad.stderr, bad.stderr
+    (tmp_path / "empty").mkdir()
+    bad = preflight(root, sid, tmp_path / "empty")
+    assert bad.returncode == 2 and "error: cannot load a tokenizer" in bad.stderr, bad.stderr
