@@ -26,7 +26,8 @@ Every outcome is a row (never an exception, except cancellation):
 
 Rows carry tokens, turns, tool calls, latency, cost, sampling params, policy name and endpoint, sandbox backend and
 image, and per-assistant-turn prompt token ids, completion token ids and logprobs when the policy returns them ([]
-for a turn that did not), with the chat template's hash and the model version the policy reports. This module does not retry, batch or write rows (agents/rollout.py and warehouse/ do).
+for a turn that did not), with the chat template's hash and the model version the policy reports. This module does
+not retry, batch or write rows (agents/rollout.py and warehouse/ do).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ A prompt that leaves no room for `max_new_tokens` within the model's context rai
 Each reply carries what the model actually saw and wrote: the prompt's token ids as fed to `generate`, the
 completion's ids (up to and including the stop token) and their logprobs, the chat template's hash
 (`warehouse.chat.template_hash`) and the checkpoint's version (`checkpoint_version`: a content hash of its files).
-Reasoning is rendered the way the template expects (`warehouse.chat.template_renders_reasoning`: as a field, or
+Reasoning is rendered the way the template expects (`warehouse.chat.reasoning_key`: as a field, or
 inline as `<think>` in the content) and read back from an opening `<think>` block of the reply.
 Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
 turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of softmax(logits/T)),
@@ -148,7 +148,7 @@ class TransformersPolicy:
         self._worker: asyncio.Task | None = None
         self._batches = 0
         self.chat_template_hash = chat.template_hash(self.tokenizer.chat_template)
-        self.inline_reasoning = not chat.template_renders_reasoning(self.tokenizer.chat_template)
+        self.reasoning_key = chat.reasoning_key(self.tokenizer.chat_template)
         self.model_version = checkpoint_version(self.model_path)
         self._stop_ids = sorted({i for i in [self.tokenizer.eos_token_id,
                                              self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
@@ -161,7 +161,7 @@ class TransformersPolicy:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """Token ids of the conversation rendered for generation (the assistant header at the end)."""
-        enc = self.tokenizer.apply_chat_template(chat.to_template(messages, inline=self.inline_reasoning),
+        enc = self.tokenizer.apply_chat_template(chat.to_template(messages, reasoning_key=self.reasoning_key),
                                                  tools=tools or None, tokenize=True, add_generation_prompt=True,
                                                  return_dict=True)
         return list(enc["input_ids"])

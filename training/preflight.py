@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from training.sft import render_conversation, trajectory_conversation, training_template
+from training.sft import render_conversation, training_template, trajectory_conversation
 from warehouse import chat
 from warehouse.record import Trajectory
 
@@ -108,11 +108,11 @@ def _stop_ids(tokenizer) -> set[int]:
     return {i for i in ids if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id}
 
 
-def check_row(tokenizer, row: Trajectory, template: str | None, *, inline: bool, stops: set[int],
+def check_row(tokenizer, row: Trajectory, template: str | None, *, reasoning_key: str | None, stops: set[int],
               report: PreflightReport) -> None:
     """Check one row and add what it finds to `report` (see the module docstring)."""
     try:
-        msgs, tools = trajectory_conversation(row, inline_reasoning=inline)
+        msgs, tools = trajectory_conversation(row, reasoning_key=reasoning_key)
     except chat.ConversationError:
         report.unrenderable.append(row.trajectory_id)
         return
@@ -179,12 +179,12 @@ def preflight_rows(tokenizer, rows: list[Trajectory]) -> PreflightReport:
     """Check every row against the training render of `tokenizer` (see the module docstring)."""
     template = training_template(tokenizer)
     report = PreflightReport(rows=len(rows), with_ids=0, template_hash=chat.template_hash(tokenizer.chat_template))
-    inline = not chat.template_renders_reasoning(tokenizer.chat_template)
+    key = chat.reasoning_key(tokenizer.chat_template)
     stops = _stop_ids(tokenizer)
     for row in rows:
         if row.chat_template_hash and row.chat_template_hash != report.template_hash:
             report.template_mismatch.append(row.trajectory_id)
-        check_row(tokenizer, row, template, inline=inline, stops=stops, report=report)
+        check_row(tokenizer, row, template, reasoning_key=key, stops=stops, report=report)
     return report
 
 

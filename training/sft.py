@@ -46,16 +46,16 @@ class SFTResult(BaseModel):
                                                                           "entropy, token accuracy, warnings).")
 
 
-def trajectory_conversation(row: Trajectory, *, inline_reasoning: bool = True
+def trajectory_conversation(row: Trajectory, *, reasoning_key: str | None = None
                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(messages, tools) of a trajectory as chat templates expect them (warehouse.chat.to_template: tool-call
-    arguments as objects; reasoning inline as `<think>` in the content, or as `reasoning_content` with
-    inline_reasoning=False, for templates that render it: warehouse.chat.template_renders_reasoning). Raises
+    arguments as objects; reasoning inline as `<think>` in the content, or as the field `reasoning_key` for
+    templates that render it: warehouse.chat.reasoning_key). Raises
     warehouse.chat.ConversationError for a row that cannot be rendered faithfully (a malformed call, arguments that are not a JSON object) or that holds an empty assistant turn: SFT counts it
     as dropped_malformed, never imitates it."""
     if any(m.role == "assistant" and chat.is_empty(m) for m in row.messages):
         raise chat.ConversationError(f"trajectory {row.trajectory_id} has an empty assistant turn")
-    return chat.to_template(row.messages, inline=inline_reasoning), json.loads(row.tools_json or "[]")
+    return chat.to_template(row.messages, reasoning_key=reasoning_key), json.loads(row.tools_json or "[]")
 
 
 def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
@@ -109,10 +109,10 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
     labels_col: list[list[int]] = []
     stats = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0, "loss_tokens": 0,
              "dropped_ids": []}
-    inline = not chat.template_renders_reasoning(tokenizer.chat_template)
+    key = chat.reasoning_key(tokenizer.chat_template)
     for row in rows:
         try:
-            msgs, tools = trajectory_conversation(row, inline_reasoning=inline)
+            msgs, tools = trajectory_conversation(row, reasoning_key=key)
         except chat.ConversationError:
             stats["dropped_malformed"] += 1
             stats["dropped_ids"].append(row.trajectory_id)

@@ -18,11 +18,11 @@ message with neither content nor calls (`is_empty`); judging it is the caller's 
 Reasoning: an assistant message's `reasoning` is kept apart from its content. Read from an endpoint's
 `reasoning` / `reasoning_content` field (vLLM's reasoning parsers), or from model text that opens with a
 `<think>...</think>` block (Qwen3 / DeepSeek-R1 style; `parse_text`, and `from_chat` for a server without a
-reasoning parser). Rendered two ways: as the `reasoning_content` field of the message dict, for templates that
-render reasoning themselves (`template_renders_reasoning`: Qwen3's and TRL's qwen3 template read
-`reasoning_content`); else inline, as `<think>\n{reasoning}\n</think>` opening the content (`inline_reasoning`),
-which is what the default tiny student (TRL's qwen2_5 template, which has no reasoning of its own) is trained on
-and generates, and what `parse_text` reads back: render -> parse -> render is the same text.
+reasoning parser). Rendered two ways: as a field of the message dict, for templates that render reasoning
+themselves (`reasoning_key`: Qwen3's reads `reasoning_content`, GPT-OSS's harmony template `thinking`); else
+inline, as `<think>\n{reasoning}\n</think>` opening the content (`inline_reasoning`), which is what the default
+tiny student (TRL's qwen2_5 template, which has no reasoning of its own) is trained on and generates, and what
+`parse_text` reads back: render -> parse -> render is the same text.
 
 Rendering: `to_openai` is the OpenAI wire format (arguments as JSON strings; reasoning as `reasoning_content`, or
 inline); `to_template` is what chat templates expect (content "" for None, arguments decoded to objects,
@@ -105,10 +105,17 @@ def inline_reasoning(reasoning: str | None, content: str | None) -> str | None:
     return f"{head}\n\n{content}" if content else head
 
 
-def template_renders_reasoning(template: str | None) -> bool:
-    """Whether a chat template renders a message's `reasoning_content` itself (Qwen3's does; TRL's qwen2_5 does
-    not): then reasoning goes to templates as that field, else inline in the content."""
-    return bool(template) and "reasoning_content" in template
+_THINKING_RE = re.compile(r"""message\.thinking|["']thinking["'] in message|message\[["']thinking["']\]""")
+
+
+def reasoning_key(template: str | None) -> str | None:
+    """The message field a chat template renders reasoning from: `reasoning_content` (Qwen3), `thinking` (GPT-OSS's
+    harmony analysis channel), or None (TRL's qwen2_5 has none): then reasoning goes inline in the content."""
+    if not template:
+        return None
+    if "reasoning_content" in template:
+        return "reasoning_content"
+    return "thinking" if _THINKING_RE.search(template) else None
 
 
 def template_hash(template: str | None) -> str | None:
@@ -214,20 +221,20 @@ def template_call(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": args}}
 
 
-def to_template(messages: list[Message], *, inline: bool = True) -> list[dict[str, Any]]:
+def to_template(messages: list[Message], *, reasoning_key: str | None = None) -> list[dict[str, Any]]:
     """Messages as chat templates render them: content "" for None, tool-call arguments decoded to objects;
-    reasoning inline in the content (`inline_reasoning`), or with inline=False as the `reasoning_content` field
-    (for templates that render it: `template_renders_reasoning`).
+    reasoning inline in the content (`inline_reasoning`), or as the field `reasoning_key` names (for templates
+    that render it: the module's `reasoning_key(template)`).
 
     Raises ConversationError for a call it cannot render faithfully (the template would show the model something
     it never wrote)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         d = m.to_openai()
-        if m.reasoning and inline:
-            d["content"] = inline_reasoning(m.reasoning, m.content)
+        if m.reasoning and reasoning_key:
+            d[reasoning_key] = m.reasoning
         elif m.reasoning:
-            d["reasoning_content"] = m.reasoning
+            d["content"] = inline_reasoning(m.reasoning, m.content)
         if d.get("content") is None:
             d["content"] = ""
         if m.tool_calls:

@@ -70,3 +70,42 @@ def test_templates_get_objects_and_openai_gets_strings():
     bad = call.model_copy(update={"function": FunctionCall(name="python", arguments=json.dumps([1]))})
     with pytest.raises(chat.ConversationError, match="not a JSON object"):
         chat.to_template([Message(role="assistant", tool_calls=[bad])])
+
+
+def test_reasoning_is_read_from_think_text_and_endpoint_fields():
+    m = chat.parse_text('<think>\nadd them\n</think>\n<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n'
+                        '</tool_call>', turn=2)
+    assert (m.reasoning, m.content, m.tool_calls[0].function.name) == ("add them", None, "python")
+    assert chat.parse_text("no thoughts <think>late</think>", turn=0).reasoning is None  # only an opening block
+    # vLLM's current field wins over its deprecated copy; a server without a reasoning parser leaves <think> text
+    assert chat.from_chat({"role": "assistant", "content": "Answer: 5", "reasoning": "r", "reasoning_content": "old"},
+                          turn=1).reasoning == "r"
+    assert chat.from_chat({"role": "assistant", "content": "Answer: 5", "reasoning_content": "old"},
+                          turn=1).reasoning == "old"
+    m = chat.from_chat({"role": "assistant", "content": "<think>x</think>\n\nAnswer: 5"}, turn=1)
+    assert (m.reasoning, m.content) == ("x", "Answer: 5")
+    m = chat.from_chat({"role": "assistant", "content": '<think>y</think><tool_call>{"name": "f", "arguments": {}}'
+                        '</tool_call>'}, turn=3)
+    assert (m.reasoning, m.content, m.tool_calls[0].id) == ("y", None, "call_3_0")
+
+
+def test_reasoning_renders_inline_or_as_a_field_and_inline_reads_back():
+    m = Message(role="assistant", content="Answer: 5", reasoning="add them")
+    assert chat.to_template([m])[0]["content"] == "<think>\nadd them\n</think>\n\nAnswer: 5"
+    assert chat.to_template([m], reasoning_key="reasoning_content")[0] == {
+        "role": "assistant", "content": "Answer: 5", "reasoning_content": "add them"}
+    assert chat.to_template([m], reasoning_key="thinking")[0]["thinking"] == "add them"
+    assert chat.to_openai([m])[0]["reasoning_content"] == "add them"
+    assert chat.to_openai([m], reasoning="inline")[0]["content"] == chat.to_template([m])[0]["content"]
+    assert "reasoning_content" not in chat.to_openai([m], reasoning="drop")[0]
+    assert chat.to_openai([m], reasoning="drop")[0]["content"] == "Answer: 5"
+    with pytest.raises(ValueError, match="reasoning must be"):
+        chat.to_openai([m], reasoning="hidden")
+    assert chat.parse_text(chat.to_template([m])[0]["content"], turn=0) == m  # render -> parse -> the same message
+    from trl.chat_template_utils import gptoss_chat_template, qwen2_5_chat_template, qwen3_chat_template
+
+    assert chat.reasoning_key(qwen3_chat_template) == "reasoning_content"
+    assert chat.reasoning_key(gptoss_chat_template) == "thinking"
+    assert chat.reasoning_key(qwen2_5_chat_template) is None and chat.reasoning_key(None) is None
+    assert chat.template_hash("t") == chat.template_hash("t") != chat.template_hash("u")
+    assert chat.template_hash(None) is None and len(chat.template_hash("t")) == 16
