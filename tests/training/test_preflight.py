@@ -34,6 +34,8 @@ from training.sft import tokenize_rows
 from warehouse import chat
 from warehouse.lake import write_trajectories
 
+pytestmark = pytest.mark.slow  # real episodes and several console-script runs: minutes on 2 cores
+
 REASONING = "I add the two numbers with python."
 
 
@@ -245,3 +247,28 @@ def test_planted_retokenization_is_caught_at_the_token(clean_rows, tiny_model, t
     (tmp_path / "empty").mkdir()
     bad = preflight(root, sid, tmp_path / "empty")
     assert bad.returncode == 2 and "error: cannot load a tokenizer" in bad.stderr, bad.stderr
+
+
+def test_a_mask_that_trains_user_tokens_or_skips_generated_ones_is_reported(clean_rows, tiny_model):
+    """Planted training templates: generation markers that also cover user messages, and markers that cover only the
+    tool-call turn's end token: each problem is named per message; the drift check is unaffected."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_training_chat_template as trained
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    user = "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    assert trained.count(user) == 1
+    tok.chat_template = trained.replace(user, "{%- generation %}" + user + "{%- endgeneration %}")
+    report = preflight_rows(tok, clean_rows[:1])
+    assert [(p.message, p.role) for p in report.mask_problems] == [(1, "user")] and not report.drifted
+    assert "token(s) of a user message carry loss" in report.mask_problems[0].line()
+
+    end = "{%- endfor %}\n            {{- '<|im_end|>\\n' }}"
+    assert trained.count(end) == 1
+    unmarked = trained.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+    tok.chat_template = unmarked.replace(end, "{%- endfor %}{%- generation %}{{- '<|im_end|>\\n' }}"
+                                              "{%- endgeneration %}")
+    report = preflight_rows(tok, clean_rows[:1])
+    assert [(p.message, p.role) for p in report.mask_problems] == [(2, "assistant"), (4, "assistant")]
+    assert all("generated token(s) carry no loss" in p.problem for p in report.mask_problems)
+    assert not report.drifted
