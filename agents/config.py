@@ -51,6 +51,12 @@ class PolicyConfig(BaseModel):
     logprobs: bool = Field(default=False, description="Ask for completion logprobs (and token ids where served).")
     extra_body: dict[str, Any] = Field(default_factory=dict,
                                        description="Extra request fields, e.g. {return_token_ids = true} for vLLM.")
+    token_ids: bool = Field(default=False, description="Ask a vLLM server for prompt and completion token ids "
+                                                       "(its return_token_ids extension); rows keep them.")
+    reasoning_history: Literal["field", "inline", "drop"] = Field(
+        default="field", description="How earlier turns' reasoning is sent back: 'field' (reasoning_content, for "
+                                     "templates that render it), 'inline' (<think> in the content, for templates "
+                                     "that do not, e.g. the tiny student's), 'drop'.")
     text_tool_calls: bool = Field(default=True, description="Parse <tool_call> blocks left in content by servers "
                                                             "without a tool parser.")
     noise: ReferenceNoise = Field(default_factory=ReferenceNoise, description="Reference teacher noise and hacks.")
@@ -105,7 +111,8 @@ def build_policy(cfg: PolicyConfig) -> Policy:
             max_tokens=cfg.max_tokens, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
             backoff_base_s=cfg.backoff_base_s, concurrency=cfg.concurrency,
             prompt_price_per_1m=cfg.price.prompt_per_1m, completion_price_per_1m=cfg.price.completion_per_1m,
-            logprobs=cfg.logprobs, text_tool_calls=cfg.text_tool_calls, extra_body=cfg.extra_body)
+            logprobs=cfg.logprobs, text_tool_calls=cfg.text_tool_calls, extra_body=cfg.extra_body,
+            token_ids=cfg.token_ids, reasoning_history=cfg.reasoning_history)
     if cfg.kind == "transformers":
         try:
             from agents import transformers_policy

@@ -25,8 +25,9 @@ Every outcome is a row (never an exception, except cancellation):
   the rollout runner retries them and queries exclude them (warehouse.record.SCORED_VERDICTS).
 
 Rows carry tokens, turns, tool calls, latency, cost, sampling params, policy name and endpoint, sandbox backend and
-image, and per-assistant-turn completion token ids / logprobs when the policy returns them ([] for a turn that did
-not). This module does not retry, batch or write rows (agents/rollout.py and warehouse/ do).
+image, and per-assistant-turn prompt token ids, completion token ids and logprobs when the policy returns them ([]
+for a turn that did not), with the chat template's hash and the model version the policy reports. This module does
+not retry, batch or write rows (agents/rollout.py and warehouse/ do).
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ class _Episode:
         self.cost_usd = 0.0
         self.token_ids: list[list[int]] = []
         self.logprobs: list[list[float]] = []
+        self.prompt_ids: list[list[int]] = []
+        self.any_prompt_ids = False
+        self.template_hash: str | None = None
+        self.model_version: str | None = None
         self.any_token_ids = False
         self.any_logprobs = False
         self.sandbox: Sandbox | None = None
@@ -222,6 +227,10 @@ async def run_episode(
             ep.logprobs.append(list(reply.logprobs or []))
             ep.any_token_ids |= reply.token_ids is not None
             ep.any_logprobs |= reply.logprobs is not None
+            ep.prompt_ids.append(list(reply.prompt_token_ids or []))
+            ep.any_prompt_ids |= reply.prompt_token_ids is not None
+            ep.template_hash = reply.chat_template_hash or ep.template_hash
+            ep.model_version = reply.model_version or ep.model_version
             msg = reply.message
             if msg.role != "assistant":
                 msg = msg.model_copy(update={"role": "assistant"})
@@ -336,6 +345,9 @@ async def run_episode(
         latency_ms=(time.perf_counter() - t0) * 1000.0,
         completion_token_ids=ep.token_ids if ep.any_token_ids else None,
         completion_logprobs=ep.logprobs if ep.any_logprobs else None,
+        prompt_token_ids=ep.prompt_ids if ep.any_prompt_ids else None,
+        chat_template_hash=ep.template_hash,
+        model_version=ep.model_version,
         error_class=error_class,
         error_message=(error_message or "")[:MAX_ERROR_MESSAGE] or None,
     )

@@ -14,8 +14,16 @@ the first choice into a `PolicyReply`:
 - no retry where retrying cannot help: a 400/413 about context length -> `ContextLengthError` (model_error row);
   any other 4xx -> `RequestRejected` (infra_error, the runner does not retry it either), naming status and fix;
 - usage tokens, cost from a price table (USD per 1M prompt / completion tokens), finish reason;
-- logprobs (`logprobs=True`) and completion token ids when the server returns them (vLLM: `return_token_ids` in
-  `extra_body` -> `choices[i].token_ids`, or `return_tokens_as_token_ids` -> logprob tokens "token_id:N");
+- logprobs (`logprobs=True`) and token ids when the server returns them: with `token_ids=True` the request asks
+  vLLM for them (`return_token_ids: true`, a vLLM extension) and the reply keeps the prompt's ids (the response's
+  `prompt_token_ids`) and the completion's (`choices[i].token_ids`); `return_tokens_as_token_ids` -> logprob
+  tokens "token_id:N" also gives completion ids. The response's `model` (plus `system_fingerprint` when given)
+  is the reply's model version;
+- reasoning: the message's `reasoning` (vLLM's field) or `reasoning_content` (its older name) becomes the
+  assistant message's `reasoning` (warehouse.chat.from_chat). Sent back in later turns as `reasoning_content`
+  (`reasoning_history="field"`, what vLLM hands to the chat template), inside the content as `<think>` text
+  ("inline": for a model whose template does not render reasoning, such as the default tiny student, so that the
+  server's prompt is the conversation SFT trains on) or not at all ("drop");
 - tool calls kept exactly as produced (arguments as the raw JSON string), read by `warehouse.chat.from_chat`
   (the one conversation codec): the episode loop decodes them, so bad JSON, an unknown tool or an empty reply
   becomes a model_error row, never a crash. With `text_tool_calls` (default on), a reply whose content carries
@@ -143,11 +151,15 @@ class OpenAIPolicy:
         logprobs: bool = False,
         text_tool_calls: bool = True,
         extra_body: dict[str, Any] | None = None,
+        token_ids: bool = False,
+        reasoning_history: str = "field",
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if reasoning_history not in ("field", "inline", "drop"):
+            raise ValueError(f"reasoning_history must be 'field', 'inline' or 'drop', got {reasoning_history!r}")
         self.name = name or model
         self.source: Source = source
         self.endpoint: str | None = base_url
@@ -170,6 +182,8 @@ class OpenAIPolicy:
         self.logprobs = logprobs
         self.text_tool_calls = text_tool_calls
         self.extra_body = dict(extra_body or {})
+        self.token_ids = token_ids
+        self.reasoning_history = reasoning_history
         self._proxy = _env_proxy(base_url)
         self.requests_sent = 0  # HTTP attempts, for tests and summaries
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
@@ -178,6 +192,10 @@ class OpenAIPolicy:
     def sampling(self) -> dict[str, Any]:
         d: dict[str, Any] = {"model": self.model, "temperature": self.temperature, "top_p": self.top_p,
                              "max_tokens": self.max_tokens, "seed": self.seed, "logprobs": self.logprobs}
+        if self.token_ids:
+            d["token_ids"] = True
+        if self.reasoning_history != "field":
+            d["reasoning_history"] = self.reasoning_history
         if self.extra_body:
             d["extra_body"] = self.extra_body
         return {k: v for k, v in d.items() if v is not None}
@@ -223,7 +241,8 @@ class OpenAIPolicy:
 
     def _request(self, messages: list[Message], tools: list[dict[str, Any]], sample_index: int) -> dict[str, Any]:
         """The JSON body of one chat-completions request (extra_body merged in, as the SDK merges it)."""
-        kw: dict[str, Any] = {"model": self.model, "messages": chat.to_openai(messages)}
+        kw: dict[str, Any] = {"model": self.model,
+                              "messages": chat.to_openai(messages, reasoning=self.reasoning_history)}
         if tools:
             kw["tools"] = tools
         if self.temperature is not None:
@@ -236,6 +255,8 @@ class OpenAIPolicy:
             kw["seed"] = self.seed + sample_index
         if self.logprobs:
             kw["logprobs"] = True
+        if self.token_ids:
+            kw["return_token_ids"] = True
         if self.extra_body:
             kw.update(self.extra_body)
         return kw
@@ -302,13 +323,19 @@ class OpenAIPolicy:
             pt = int(usage.get("prompt_tokens") or 0)
             ct = int(usage.get("completion_tokens") or 0)
             logprobs, ids = _logprobs_and_ids(choice)
+            prompt_ids = resp.get("prompt_token_ids")
+            prompt_ids = [int(x) for x in prompt_ids] if isinstance(prompt_ids, list) else None
         except (TypeError, ValueError, AttributeError, KeyError) as e:  # right JSON, wrong shapes inside
             raise ModelError(f"{self.base_url} returned a malformed choice: {type(e).__name__}: {e}") from None
         finish = choice.get("finish_reason")
+        served = resp.get("model") if isinstance(resp.get("model"), str) else self.model
+        fingerprint = resp.get("system_fingerprint")
         return PolicyReply(message=message, prompt_tokens=pt, completion_tokens=ct,
                            cost_usd=cost_usd(pt, ct, self.prompt_price_per_1m, self.completion_price_per_1m),
                            finish_reason=finish if isinstance(finish, str) else None, token_ids=ids,
-                           logprobs=logprobs)
+                           logprobs=logprobs, prompt_token_ids=prompt_ids,
+                           model_version=f"{served}@{fingerprint}" if isinstance(fingerprint, str) and fingerprint
+                           else served)
 
 
 def _env_proxy(url: str) -> str | None:

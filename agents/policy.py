@@ -27,6 +27,12 @@ class PolicyReply(BaseModel):
     finish_reason: str | None = None
     token_ids: list[int] | None = Field(default=None, description="Completion token ids, when returned.")
     logprobs: list[float] | None = Field(default=None, description="Completion token logprobs, when returned.")
+    prompt_token_ids: list[int] | None = Field(default=None, description="The prompt's token ids exactly as the "
+                                                                         "model saw them, when known.")
+    chat_template_hash: str | None = Field(default=None, description="warehouse.chat.template_hash of the template "
+                                                                     "that rendered the prompt, when known.")
+    model_version: str | None = Field(default=None, description="The answering model's version (a checkpoint's "
+                                                                "content hash, the served model id), when known.")
 
 
 class PolicyError(Exception):

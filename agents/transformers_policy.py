@@ -10,6 +10,11 @@ one conversation codec that SFT, GRPO and export use too; generation stops at an
 tokens (generation_config.eos_token_id: harmony's `<|call|>` and `<|return|>`, or `<|im_end|>`). A malformed
 `<tool_call>` block or an empty reply stays in the message for the loop to judge (model_error).
 A prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
+Each reply carries what the model actually saw and wrote: the prompt's token ids as fed to `generate`, the
+completion's ids (up to and including the stop token) and their logprobs, the chat template's hash
+(`warehouse.chat.template_hash`) and the checkpoint's version (`checkpoint_version`: a content hash of its files).
+Reasoning is rendered the way the template expects (`warehouse.chat.to_template`: harmony's analysis channel, a
+field such as Qwen3's `reasoning_content`, or inline as `<think>` in the content) and read back by the codec.
 Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
 turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of softmax(logits/T)),
 so a sampled reply does not depend on which requests share its batch or on thread timing, and a resumed run samples
@@ -42,6 +47,32 @@ def completion_text(tokenizer: Any, ids: list[int]) -> str:
         if tok:
             text = text.split(tok, 1)[0]
     return text.replace(tokenizer.pad_token or "\0", "")
+
+
+CONTENT_HASH_MAX_BYTES = 512 * 2**20  # above this, checkpoint_version hashes file names, sizes and mtimes
+
+
+def checkpoint_version(model_path: str | Path) -> str:
+    """A model's version for the record: for a local folder, `sha256:` + 16 hex of its config, tokenizer and weight
+    files' contents (`stat:` + 16 hex of their names, sizes and mtimes when the weights exceed
+    CONTENT_HASH_MAX_BYTES, where reading them all would cost seconds); for a hub id, `hub:` + the id."""
+    root = Path(model_path)
+    if not root.is_dir():
+        return f"hub:{model_path}"
+    files = sorted(p for p in root.iterdir() if p.is_file() and (p.suffix in (".safetensors", ".bin", ".json", ".jinja")
+                                                                 or p.name == "tokenizer.model"))
+    by_content = sum(p.stat().st_size for p in files) <= CONTENT_HASH_MAX_BYTES
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        if by_content:
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        else:
+            st = p.stat()
+            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return f"{'sha256' if by_content else 'stat'}:{h.hexdigest()[:16]}"
 
 
 def sample_key(*parts: Any) -> int:
@@ -128,6 +159,8 @@ class TransformersPolicy:
         self._worker: asyncio.Task | None = None
         self._batches = 0
         self.dialect = chat.dialect_of(self.tokenizer.chat_template)
+        self.chat_template_hash = chat.template_hash(self.tokenizer.chat_template)
+        self.model_version = checkpoint_version(self.model_path)
         gen_eos = self.model.generation_config.eos_token_id
         gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
         vocab = self.tokenizer.get_vocab()
@@ -143,7 +176,7 @@ class TransformersPolicy:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """Token ids of the conversation rendered for generation (the assistant header at the end)."""
-        enc = self.tokenizer.apply_chat_template(chat.to_template(messages, dialect=self.dialect),
+        enc = self.tokenizer.apply_chat_template(chat.to_template(messages, template=self.tokenizer.chat_template),
                                                  tools=tools or None, tokenize=True,
                                                  add_generation_prompt=True, return_dict=True,
                                                  **self.template_kwargs)
@@ -164,7 +197,8 @@ class TransformersPolicy:
         message = chat.parse_text(completion_text(self.tokenizer, out_ids), turn=len(messages), dialect=self.dialect)
         return PolicyReply(message=message, prompt_tokens=len(ids), completion_tokens=len(out_ids),
                            finish_reason="tool_calls" if message.tool_calls else finish, token_ids=out_ids,
-                           logprobs=logprobs)
+                           logprobs=logprobs, prompt_token_ids=ids, chat_template_hash=self.chat_template_hash,
+                           model_version=self.model_version)
 
     async def _drain(self) -> None:
         # Let every worker that is about to ask do so before the batch is cut.

@@ -5,11 +5,12 @@
   call run in a worker thread, one engine call at a time (turns that arrive meanwhile form the next batch). The
   chat template renders the tool schemas; the reply text is read by the one conversation codec,
   `warehouse.chat.parse_text` (Hermes/Qwen `<tool_call>` blocks; an empty or malformed reply is the loop's to
-  judge). Completion token ids are always
+  judge). Prompt and completion token ids are always
   recorded; logprobs of the sampled tokens when `logprobs=True` (SamplingParams(logprobs=0)).
 - The server path: `serve_argv(model, ...)` is the `vllm serve MODEL --enable-auto-tool-choice --tool-call-parser
   hermes` command line, `VLLMServer` starts it and waits for /v1/models, and `server_policy(...)` is an
-  `OpenAIPolicy` on it asking for token ids (`extra_body={"return_token_ids": true}`) and logprobs.
+  `OpenAIPolicy` on it asking for prompt and completion token ids (`token_ids=True`: vLLM's `return_token_ids`)
+  and logprobs.
 `require_vllm()` raises PolicySetupError naming `pip install 'flywheel[gpu]'` when vllm is missing; nothing imports
 vllm at module level, so this module (and `MicroBatcher`, reusable by any batched in-process policy) imports
 everywhere. This module does not pick GPUs or install anything.
@@ -179,7 +180,8 @@ class VLLMPolicy:
             lps = [float(step[tid].logprob) if tid in step else float("nan") for tid, step in zip(ids, out.logprobs)]
         return PolicyReply(message=chat.parse_text(out.text, turn=turn),
                            prompt_tokens=len(req_out.prompt_token_ids or []), completion_tokens=len(ids),
-                           finish_reason=out.finish_reason, token_ids=ids, logprobs=lps)
+                           finish_reason=out.finish_reason, token_ids=ids, logprobs=lps,
+                           prompt_token_ids=[int(t) for t in req_out.prompt_token_ids or []] or None)
 
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
                     sample_index: int) -> PolicyReply:
@@ -254,6 +256,5 @@ class VLLMServer:
 
 def server_policy(base_url: str, model: str, *, name: str | None = None, logprobs: bool = True,
                   **kw: Any) -> OpenAIPolicy:
-    """An OpenAIPolicy on a `vllm serve` endpoint that asks for completion token ids and logprobs."""
-    extra = {"return_token_ids": True} if logprobs else {}
-    return OpenAIPolicy(base_url=base_url, model=model, name=name, logprobs=logprobs, extra_body=extra, **kw)
+    """An OpenAIPolicy on a `vllm serve` endpoint that asks for prompt and completion token ids and logprobs."""
+    return OpenAIPolicy(base_url=base_url, model=model, name=name, logprobs=logprobs, token_ids=logprobs, **kw)

@@ -88,7 +88,8 @@ def _atif_record(path: str) -> tuple[str, Any]:
     except (KeyError, TypeError, ValueError) as e:
         return "file", _Unparsable(f"has an ATIF step this reader cannot map ({type(e).__name__}: {e})")
     prov = (doc.get("extra") or {}).get("flywheel") or {}
-    rec = {"messages": [m.to_openai() for m in msgs], "tools": (doc.get("agent") or {}).get("tool_definitions"),
+    rec = {"messages": [{**m.to_openai(), **({"reasoning": m.reasoning} if m.reasoning else {})} for m in msgs],
+           "tools": (doc.get("agent") or {}).get("tool_definitions"),
            "missing_evidence": missing}
     for k in ("task_id", "suite", "split", "difficulty"):
         if prov.get(k) is not None:

@@ -240,6 +240,45 @@ def train_sft(
     _print_dict(train_sft_flow(cfg, model, snapshot, run_id, round))
 
 
+@train_app.command("preflight")
+def train_preflight(
+    snapshot: Annotated[str, typer.Option(help="Snapshot id (from `flywheel curate`).")],
+    model: Annotated[str, typer.Option(help="Model folder or hub id whose tokenizer and template training uses.")],
+    config: Config = None,
+    out: Annotated[Optional[str], typer.Option(help="Lake root folder or URL.")] = None,
+    strict: Annotated[bool, typer.Option(help="Exit 1 when any row drifts or a loss mask is wrong.")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the full report here (JSON).")] = None,
+    set_: Sets = None,
+) -> None:
+    """Drift preflight: re-render a snapshot with the training template; compare with the stored token ids."""
+    cfg = _cfg(config, out, set_)
+    _lake_root(cfg.run.out)
+    from training.preflight import preflight_snapshot
+
+    report = preflight_snapshot(cfg.run.out, snapshot, model)
+    for d in report.drifted:
+        print(d.line())
+    for p in report.mask_problems:
+        print(p.line())
+    s = report.summary()
+    print(f"rows: {s['rows']}, with token ids: {s['with_ids']}, unverified (no ids): {s['unverified']}, "
+          f"unrenderable: {s['unrenderable']}, template hash differs: {s['template_mismatch']}")
+    print(f"drift: {s['drifted']} of {s['with_ids']} rows with token ids ({100 * s['drift_share']:.1f}%); refused "
+          f"for RL: {s['drifted']} (fine for SFT)")
+    print(f"loss mask: {s['mask_problems']} problem(s); {s['trained_outside_completion']} trained token(s) the "
+          "model never generated")
+    if json_out is not None:
+        json_out.write_text(json.dumps({**s, "drifted_rows": [d.model_dump() for d in report.drifted],
+                                        "mask_problem_rows": [p.model_dump() for p in report.mask_problems],
+                                        "unrenderable_rows": report.unrenderable,
+                                        "template_mismatch_rows": report.template_mismatch}, indent=1))
+    if strict and not report.clean:
+        print(f"error: snapshot {snapshot} is not token-exact for {model}: {s['drifted']} drifted row(s), "
+              f"{s['mask_problems']} mask problem(s); fix: re-roll with the training template, or train SFT only",
+              file=sys.stderr)
+        raise typer.Exit(1)
+
+
 @train_app.command("grpo")
 def train_grpo(
     model: Annotated[str, typer.Option(help="Model folder or hub id to improve.")],

@@ -135,7 +135,6 @@ def row_sequences(rows: list[Trajectory], tokenizer: Any) -> tuple[list[tuple[li
     prompts were re-rendered (no stored prompt_token_ids). MismatchError when no row carries logprobs."""
     from warehouse import chat
 
-    dialect = chat.dialect_of(tokenizer.chat_template)
     seqs: list[tuple[list[int], list[int]]] = []
     lps: list[list[float]] = []
     rerendered = 0
@@ -151,8 +150,8 @@ def row_sequences(rows: list[Trajectory], tokenizer: Any) -> tuple[list[tuple[li
             if stored:
                 prompt = list(stored)
             else:
-                enc = tokenizer.apply_chat_template(chat.to_template(row.messages[: turns[k]], dialect=dialect),
-                                                    tools=tools, tokenize=True, add_generation_prompt=True,
+                msgs = chat.to_template(row.messages[: turns[k]], template=tokenizer.chat_template)
+                enc = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=True, add_generation_prompt=True,
                                                     return_dict=True)
                 prompt = list(enc["input_ids"])
                 rerendered += 1

@@ -46,16 +46,16 @@ class SFTResult(BaseModel):
                                                                           "entropy, token accuracy, warnings).")
 
 
-def trajectory_conversation(row: Trajectory, *, dialect: chat.Dialect = "hermes"
+def trajectory_conversation(row: Trajectory, *, template: str | dict | None = None
                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(messages, tools) of a trajectory as chat templates expect them (warehouse.chat.to_template: tool-call
-    arguments as objects, stored reasoning where the dialect's template renders it: harmony's analysis channel,
-    Qwen3's `<think>`). Raises warehouse.chat.ConversationError for a row that cannot be rendered faithfully
-    (a malformed call, arguments that are not a JSON object) or that holds an empty assistant turn: SFT counts it
-    as dropped_malformed, never imitates it."""
+    arguments as objects, stored reasoning where `template` renders it: harmony's analysis channel, Qwen3's
+    `reasoning_content`, else inline as `<think>` in the content). Raises warehouse.chat.ConversationError for a
+    row that cannot be rendered faithfully (a malformed call, arguments that are not a JSON object) or that holds
+    an empty assistant turn: SFT counts it as dropped_malformed, never imitates it."""
     if any(m.role == "assistant" and chat.is_empty(m) for m in row.messages):
         raise chat.ConversationError(f"trajectory {row.trajectory_id} has an empty assistant turn")
-    return chat.to_template(row.messages, dialect=dialect), json.loads(row.tools_json or "[]")
+    return chat.to_template(row.messages, template=template), json.loads(row.tools_json or "[]")
 
 
 def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
@@ -72,7 +72,22 @@ def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
     return sorted(rows, key=lambda r: r.trajectory_id)
 
 
-def _training_template(tokenizer) -> str | None:
+def render_conversation(tokenizer, msgs: list[dict[str, Any]], tools: list[dict[str, Any]],
+                        template: str | None, *, mask: bool = True, generation_prompt: bool = False
+                        ) -> tuple[list[int], list[int]]:
+    """(token ids, assistant mask) of a conversation rendered with `template` (None: the tokenizer's own), the
+    one rendering SFT trains on and the drift preflight (training/preflight.py) compares with stored ids. The mask
+    is all ones without `mask`."""
+    enc = tokenizer.apply_chat_template(msgs, tools=tools or None, chat_template=template, tokenize=True,
+                                        return_dict=True, return_assistant_tokens_mask=mask,
+                                        add_generation_prompt=generation_prompt)
+    ids = list(enc["input_ids"])
+    return ids, (list(enc["assistant_masks"]) if mask else [1] * len(ids))
+
+
+def training_template(tokenizer) -> str | None:
+    """The template SFT renders with: TRL's training variant (with generation markers) of the tokenizer's chat
+    template, or None when the tokenizer's own already has the markers. TrainingError when TRL knows none."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
     if has_generation_markers(tokenizer.chat_template):
@@ -89,15 +104,14 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
 
     Returns the columns and counts of what was kept, cut and dropped (with the dropped ids).
     """
-    template = _training_template(tokenizer) if cfg.assistant_only_loss else None
-    dialect = chat.dialect_of(tokenizer.chat_template)
+    template = training_template(tokenizer) if cfg.assistant_only_loss else None
     ids_col: list[list[int]] = []
     labels_col: list[list[int]] = []
     stats = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0, "loss_tokens": 0,
              "dropped_ids": []}
     for row in rows:
         try:
-            msgs, tools = trajectory_conversation(row, dialect=dialect)
+            msgs, tools = trajectory_conversation(row, template=tokenizer.chat_template)
         except chat.ConversationError:
             stats["dropped_malformed"] += 1
             stats["dropped_ids"].append(row.trajectory_id)
@@ -106,10 +120,7 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
             stats["dropped_malformed"] += 1
             stats["dropped_ids"].append(row.trajectory_id)
             continue
-        enc = tokenizer.apply_chat_template(msgs, tools=tools or None, chat_template=template, tokenize=True,
-                                            return_dict=True, return_assistant_tokens_mask=cfg.assistant_only_loss)
-        ids = list(enc["input_ids"])
-        mask = list(enc["assistant_masks"]) if cfg.assistant_only_loss else [1] * len(ids)
+        ids, mask = render_conversation(tokenizer, msgs, tools, template, mask=cfg.assistant_only_loss)
         labels = [t if b else -100 for t, b in zip(ids, mask)]
         if len(ids) > cfg.max_length:
             ids, labels = ids[: cfg.max_length], labels[: cfg.max_length]

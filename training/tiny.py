@@ -113,7 +113,7 @@ def reference_conversation(task: Task, *, family: str = "tiny") -> list[dict[str
         # The tool output is not known without running it; the corpus only needs its shape (digits, newline).
         msgs.append(Message(role="tool", name=step.tool, tool_call_id=call.id, content=task.verifier.answer or ""))
     msgs.append(Message(role="assistant", content=task.reference.final))
-    return chat.to_template(msgs, dialect=chat.dialect_of(FAMILIES[family].chat_template))
+    return chat.to_template(msgs, template=FAMILIES[family].chat_template)
 
 
 def render_conversations(conversations: list[list[dict[str, Any]]],

@@ -3,10 +3,12 @@ out of and into the one record.
 
 `row_to_atif(row)` gives one ATIF document per episode: `session_id` the run, `trajectory_id` the row's id, `agent`
 (name = policy, version = the record schema, tool_definitions = the tools offered), `steps` in order (system and
-user messages as `system` / `user` steps; each assistant message an `agent` step with its `reasoning`-free message,
+user messages as `system` / `user` steps; each assistant message an `agent` step with its message, its reasoning in
+ATIF's `reasoning_content`,
 `tool_calls` (arguments as an object; the exact JSON string in the call's `extra` when it is not the canonical
 dump, e.g. a malformed call) and an `observation` whose results are the tool messages that answered it, by
-`source_call_id`; that turn's completion token ids and logprobs in `metrics` when the row has them),
+`source_call_id`; that turn's prompt token ids, completion token ids and logprobs in `metrics` when the row has
+them),
 `final_metrics` (tokens, cost, steps; turns, tool calls, latency in its `extra`) and the row's provenance (every
 other field) in `extra.flywheel`. A message whose content is None says so in its step's `extra`.
 `atif_to_row(doc)` reads one back: with `extra.flywheel` the row exactly as it was; without (ATIF from another
@@ -23,7 +25,7 @@ from typing import Any
 from warehouse.record import SCHEMA_VERSION, FunctionCall, Message, ToolCall, Trajectory
 
 ATIF_VERSION = "ATIF-v1.8"
-_CONVERSATION = ("messages", "tools_json", "completion_token_ids", "completion_logprobs")
+_CONVERSATION = ("messages", "tools_json", "completion_token_ids", "completion_logprobs", "prompt_token_ids")
 
 
 def _args(raw: str) -> tuple[dict[str, Any], str | None]:
@@ -64,6 +66,8 @@ def row_to_atif(row: Trajectory) -> dict[str, Any]:
         if m.content is None:
             step["extra"] = {"content_null": True}
         if m.role == "assistant":
+            if m.reasoning is not None:
+                step["reasoning_content"] = m.reasoning
             calls = []
             for tc in m.tool_calls or []:
                 obj, raw = _args(tc.function.arguments)
@@ -74,6 +78,8 @@ def row_to_atif(row: Trajectory) -> dict[str, Any]:
             if calls:
                 step["tool_calls"] = calls
             metrics: dict[str, Any] = {}
+            if row.prompt_token_ids is not None and turn < len(row.prompt_token_ids):
+                metrics["prompt_token_ids"] = row.prompt_token_ids[turn]
             if row.completion_token_ids is not None and turn < len(row.completion_token_ids):
                 metrics["completion_token_ids"] = row.completion_token_ids[turn]
             if row.completion_logprobs is not None and turn < len(row.completion_logprobs):
@@ -87,6 +93,7 @@ def row_to_atif(row: Trajectory) -> dict[str, Any]:
     provenance = row.model_dump(mode="json", exclude=set(_CONVERSATION))
     provenance["has_token_ids"] = row.completion_token_ids is not None
     provenance["has_logprobs"] = row.completion_logprobs is not None
+    provenance["has_prompt_token_ids"] = row.prompt_token_ids is not None
     return {
         "schema_version": ATIF_VERSION,
         "session_id": row.run_id,
@@ -103,7 +110,8 @@ def row_to_atif(row: Trajectory) -> dict[str, Any]:
 
 
 def atif_messages(doc: dict[str, Any]) -> tuple[list[Message], list[list[int]], list[list[float]], list[str]]:
-    """(messages, per-turn token ids, per-turn logprobs, what is missing) of an ATIF document."""
+    """(messages, per-turn token ids, per-turn logprobs, what is missing) of an ATIF document (per-turn prompt
+    token ids: `atif_prompt_ids`)."""
     msgs: list[Message] = []
     ids: list[list[int]] = []
     lps: list[list[float]] = []
@@ -122,7 +130,9 @@ def atif_messages(doc: dict[str, Any]) -> tuple[list[Message], list[list[int]], 
         calls = [ToolCall(id=c["tool_call_id"], function=FunctionCall(
             name=c["function_name"], arguments=(c.get("extra") or {}).get("arguments_json", json.dumps(c["arguments"]))))
             for c in step.get("tool_calls") or []]
-        msgs.append(Message(role="assistant", content=content, tool_calls=calls or None))
+        reasoning = step.get("reasoning_content")
+        msgs.append(Message(role="assistant", content=content, tool_calls=calls or None,
+                            reasoning=reasoning if isinstance(reasoning, str) else None))
         m = step.get("metrics") or {}
         have_ids &= m.get("completion_token_ids") is not None
         have_lps &= m.get("logprobs") is not None
@@ -140,6 +150,12 @@ def atif_messages(doc: dict[str, Any]) -> tuple[list[Message], list[list[int]], 
     return msgs, ids, lps, missing
 
 
+def atif_prompt_ids(doc: dict[str, Any]) -> list[list[int]]:
+    """Per agent step, the prompt token ids its `metrics` carry ([] where none)."""
+    return [list((s.get("metrics") or {}).get("prompt_token_ids") or []) for s in doc.get("steps") or []
+            if s.get("source") == "agent"]
+
+
 def atif_to_row(doc: dict[str, Any]) -> tuple[Trajectory | None, list[Message], list[str]]:
     """(the row, when the document carries flywheel provenance; the messages; the evidence it lacks)."""
     msgs, ids, lps, missing = atif_messages(doc)
@@ -147,10 +163,12 @@ def atif_to_row(doc: dict[str, Any]) -> tuple[Trajectory | None, list[Message], 
     if not prov:
         return None, msgs, missing
     has_ids, has_lps = prov.pop("has_token_ids", False), prov.pop("has_logprobs", False)
+    has_prompt = prov.pop("has_prompt_token_ids", False)
     tools = (doc.get("agent") or {}).get("tool_definitions") or []
     row = Trajectory.model_validate({**prov, "messages": msgs, "tools_json": json.dumps(tools),
                                      "completion_token_ids": ids if has_ids else None,
-                                     "completion_logprobs": lps if has_lps else None})
+                                     "completion_logprobs": lps if has_lps else None,
+                                     "prompt_token_ids": atif_prompt_ids(doc) if has_prompt else None})
     return row, msgs, [m for m in missing if not (m == "token_ids" and has_ids or m == "logprobs" and has_lps)]
 
 

@@ -15,9 +15,19 @@ call named `MALFORMED` whose arguments are the block's raw text, so the turn sta
 (and GRPO's reward) score it as a model error (`malformed_reason` says why). An empty reply is an assistant
 message with neither content nor calls (`is_empty`); judging it is the caller's business.
 
-Rendering: `to_openai` is the OpenAI wire format (arguments as JSON strings); `to_template` is what chat templates
-expect (content "" for None, arguments decoded to objects) and raises `ConversationError` for a message it cannot
-render faithfully (a malformed call, arguments that are not a JSON object).
+Reasoning: an assistant message's `reasoning` is kept apart from its content. Read from an endpoint's
+`reasoning` / `reasoning_content` field (vLLM's reasoning parsers), or from model text that opens with a
+`<think>...</think>` block (Qwen3 / DeepSeek-R1 style; `parse_text`, and `from_chat` for a server without a
+reasoning parser). Rendered two ways: as a field of the message dict, for templates that render reasoning
+themselves (`reasoning_key`: Qwen3's reads `reasoning_content`, GPT-OSS's harmony template `thinking`); else
+inline, as `<think>\n{reasoning}\n</think>` opening the content (`inline_reasoning`), which is what the default
+tiny student (TRL's qwen2_5 template, which has no reasoning of its own) is trained on and generates, and what
+`parse_text` reads back: render -> parse -> render is the same text.
+
+Rendering: `to_openai` is the OpenAI wire format (arguments as JSON strings; reasoning as `reasoning_content`, or
+inline); `to_template` is what chat templates expect (content "" for None, arguments decoded to objects,
+reasoning inline or as a field) and raises `ConversationError` for a message it cannot render faithfully (a
+malformed call, arguments that are not a JSON object).
 
 Dialects (`dialect_of(chat_template)` tells which a template writes; `parse_text(..., dialect=)` reads it):
 - "hermes" (Qwen2.5, Qwen3, most templates): the blocks above; a leading `<think>...</think>` block (Qwen3) is the
@@ -28,16 +38,17 @@ Dialects (`dialect_of(chat_template)` tells which a template writes; `parse_text
   `to=functions.NAME` is a tool call whose BODY is the JSON arguments (read as the block `{"name": NAME,
   "arguments": BODY}`, so a bad body is MALFORMED exactly as above); the analysis channel is `reasoning`; the
   final channel (or a message with no channel) is `content`. Text with no harmony header at all is content.
-`to_template(messages, dialect=)` puts `reasoning` where the family's template reads it: `thinking` for harmony
-(the analysis channel), `reasoning_content` otherwise (Qwen3's `<think>`; templates without reasoning ignore it).
-GPT-OSS's template cannot show content and reasoning beside a tool call: there the analysis message is the
-reasoning, then the content, joined by a blank line.
+`to_template(messages, template=)` renders for the template it is given: harmony puts `reasoning` in `thinking`
+(the analysis channel); GPT-OSS's template cannot show content and reasoning beside a tool call, so there the
+analysis message is the reasoning, then the content, joined by a blank line. Other templates get it in the field
+`reasoning_key(template)` names, else inline.
 
 It depends only on the record's message shape. It does not know tokenizers, tools or verdicts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -45,9 +56,10 @@ from typing import Any
 from warehouse.record import FunctionCall, Message, ToolCall
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_THINK_RE = re.compile(r"\A\s*<think>(.*?)</think>", re.DOTALL)
 MALFORMED = "<malformed>"  # the name of a call the model wrote but that cannot be read as one
 _BLOCK_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-_THINK_RE = re.compile(r"\A\s*<think>(.*?)</think>", re.DOTALL)
 _HARMONY_END_RE = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 _HARMONY_RECIPIENT_RE = re.compile(r"to=functions\.([^\s<]+)")
 _HARMONY_CHANNEL_RE = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -96,24 +108,64 @@ def _read_block(raw: str) -> tuple[str, str]:
     return obj["name"], encode_arguments(args)
 
 
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, the rest) of model text that opens with a `<think>...</think>` block; (None, text) otherwise."""
+    m = _THINK_RE.match(text)
+    if m is None:
+        return None, text
+    return _content(m.group(1)), text[m.end():]
+
+
+def inline_reasoning(reasoning: str | None, content: str | None) -> str | None:
+    """Content with the reasoning rendered into it as the model writes it: `<think>\nR\n</think>` then, when
+    there is content, a blank line and the content. Without reasoning, the content unchanged."""
+    if not reasoning:
+        return content
+    head = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}"
+    return f"{head}\n\n{content}" if content else head
+
+
+_THINKING_RE = re.compile(r"""message\.thinking|["']thinking["'] in message|message\[["']thinking["']\]""")
+
+
+def _template_text(chat_template: str | dict | None) -> str:
+    """A tokenizer's chat_template (a string, or a dict of named templates) as the text of its default one."""
+    if isinstance(chat_template, dict):
+        return chat_template.get("default", "") or ""
+    return chat_template or ""
+
+
 def dialect_of(chat_template: str | dict | None) -> Dialect:
     """The dialect a chat template writes: "harmony" for GPT-OSS's (its `<|channel|>` markers), else "hermes"."""
-    if isinstance(chat_template, dict):
-        chat_template = chat_template.get("default", "")
-    return "harmony" if chat_template and "<|channel|>" in chat_template else "hermes"
+    return "harmony" if "<|channel|>" in _template_text(chat_template) else "hermes"
+
+
+def reasoning_key(chat_template: str | dict | None) -> str | None:
+    """The message field a chat template renders reasoning from: `reasoning_content` (Qwen3), `thinking` (GPT-OSS's
+    harmony analysis channel), or None (TRL's qwen2_5 has none): then reasoning goes inline in the content."""
+    template = _template_text(chat_template)
+    if not template:
+        return None
+    if dialect_of(template) == "harmony":
+        return "thinking"
+    if "reasoning_content" in template:
+        return "reasoning_content"
+    return "thinking" if _THINKING_RE.search(template) else None
+
+
+def template_hash(template: str | None) -> str | None:
+    """The record's `chat_template_hash`: sha256 of the chat template's text, first 16 hex; None without one."""
+    return hashlib.sha256(template.encode()).hexdigest()[:16] if template else None
 
 
 def parse_text(text: str | None, *, turn: int, dialect: Dialect = "hermes") -> Message:
-    """Model text -> assistant Message (see the module docstring); call ids from `call_id(turn, i)`."""
+    """Model text -> assistant Message (see the module docstring); call ids from `call_id(turn, i)`. Hermes: an
+    opening `<think>...</think>` block is the reasoning; harmony: the analysis channel is."""
     if dialect not in DIALECTS:
         raise ValueError(f"dialect must be one of {DIALECTS}, not {dialect!r}")
-    text = text or ""
     if dialect == "harmony":
-        return _parse_harmony(text, turn=turn)
-    reasoning = None
-    think = _THINK_RE.match(text)
-    if think:
-        reasoning, text = _content(think.group(1)), text[think.end():]
+        return _parse_harmony(text or "", turn=turn)
+    reasoning, text = split_reasoning(text or "")
     calls = [ToolCall(id=call_id(turn, i), function=FunctionCall(name=name, arguments=args))
              for i, (name, args) in enumerate(_read_block(raw.strip()) for raw in _BLOCK_RE.findall(text))]
     return Message(role="assistant", content=_content(_BLOCK_RE.sub("", text)), tool_calls=calls or None,
@@ -154,6 +206,8 @@ def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> 
     Assistant tool calls keep their id (else `call_id(turn, j)`); arguments go through `encode_arguments`; a call
     without a function name (or a non-function call) is kept as MALFORMED with its JSON as arguments. An assistant
     turn without calls whose content holds `<tool_call>` text is parsed with `parse_text` when text_tool_calls.
+    Reasoning comes from `reasoning` (vLLM's current field), else `reasoning_content` (its older name, and
+    DeepSeek's), else an opening `<think>` block of the content (a server without a reasoning parser).
     Tool, user and system messages keep their content, tool_call_id and name.
     """
     role = d.get("role")
@@ -173,9 +227,12 @@ def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> 
         calls.append(ToolCall(id=cid if isinstance(cid, str) and cid else call_id(turn, j),
                               function=FunctionCall(name=name, arguments=args)))
     content = d.get("content")
+    reasoning = next((_content(d[k]) for k in ("reasoning", "reasoning_content") if isinstance(d.get(k), str)), None)
+    if reasoning is None and isinstance(content, str):
+        reasoning, content = split_reasoning(content)
     if not calls and text_tool_calls and isinstance(content, str) and CALL_OPEN in content:
-        return parse_text(content, turn=turn)
-    return Message(role="assistant", content=_content(content), tool_calls=calls or None)
+        return parse_text(content, turn=turn).model_copy(update={"reasoning": reasoning})
+    return Message(role="assistant", content=_content(content), tool_calls=calls or None, reasoning=reasoning)
 
 
 def is_malformed(call: ToolCall) -> bool:
@@ -200,9 +257,21 @@ def is_empty(message: Message) -> bool:
     return not message.tool_calls and not (message.content or "").strip()
 
 
-def to_openai(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages in the OpenAI chat format (tool-call arguments as JSON strings, None fields omitted)."""
-    return [m.to_openai() for m in messages]
+def to_openai(messages: list[Message], *, reasoning: str = "field") -> list[dict[str, Any]]:
+    """Messages in the OpenAI chat format (tool-call arguments as JSON strings, None fields omitted). An assistant
+    message's reasoning goes as `reasoning_content` (what vLLM hands to the chat template) with reasoning="field",
+    into the content (`inline_reasoning`) with "inline", nowhere with "drop"."""
+    if reasoning not in ("field", "inline", "drop"):
+        raise ValueError(f"reasoning must be 'field', 'inline' or 'drop', got {reasoning!r}")
+    out = []
+    for m in messages:
+        d = m.to_openai()
+        if m.reasoning and reasoning == "field":
+            d["reasoning_content"] = m.reasoning
+        elif m.reasoning and reasoning == "inline":
+            d["content"] = inline_reasoning(m.reasoning, m.content)
+        out.append(d)
+    return out
 
 
 def template_call(call: ToolCall) -> dict[str, Any]:
@@ -219,14 +288,15 @@ def template_call(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": args}}
 
 
-def to_template(messages: list[Message], *, dialect: Dialect = "hermes") -> list[dict[str, Any]]:
-    """Messages as chat templates render them: content "" for None, tool-call arguments decoded to objects,
-    reasoning in the dialect's field (see the module docstring).
+def to_template(messages: list[Message], *, template: str | dict | None = None) -> list[dict[str, Any]]:
+    """Messages as chat templates render them: content "" for None, tool-call arguments decoded to objects, and
+    an assistant message's reasoning where `template` (a tokenizer's chat_template; None: a template with no
+    reasoning of its own) reads it: harmony's `thinking`, the field `reasoning_key` names, else inline in the
+    content (`inline_reasoning`). See the module docstring.
 
     Raises ConversationError for a call it cannot render faithfully (the template would show the model something
     it never wrote)."""
-    if dialect not in DIALECTS:
-        raise ValueError(f"dialect must be one of {DIALECTS}, not {dialect!r}")
+    dialect, key = dialect_of(template), reasoning_key(template)
     out: list[dict[str, Any]] = []
     for m in messages:
         d = m.to_openai()
@@ -234,13 +304,15 @@ def to_template(messages: list[Message], *, dialect: Dialect = "hermes") -> list
             d["content"] = ""
         if m.tool_calls:
             d["tool_calls"] = [template_call(tc) for tc in m.tool_calls]
-        if m.role == "assistant" and m.reasoning:
-            if dialect == "harmony":
-                if m.tool_calls and d["content"]:
-                    d["thinking"], d["content"] = m.reasoning + "\n\n" + d["content"], ""
-                else:
-                    d["thinking"] = m.reasoning
+        reasoning = m.reasoning if m.role == "assistant" else None
+        if reasoning and dialect == "harmony":
+            if m.tool_calls and d["content"]:
+                d["thinking"], d["content"] = reasoning + "\n\n" + d["content"], ""
             else:
-                d["reasoning_content"] = m.reasoning
+                d["thinking"] = reasoning
+        elif reasoning and key:
+            d[key] = reasoning
+        elif reasoning:
+            d["content"] = inline_reasoning(reasoning, m.content) or ""
         out.append(d)
     return out

@@ -26,6 +26,15 @@ in the request -- so retries of the same request see the fault end:
   latency:SECONDS[:TURNS[:JITTER]]  sleep SECONDS on every request; TURNS assistant turns per episode (TURNS-1 tool
                             calls); with JITTER (a fraction), SECONDS x (1 + JITTER x u), u uniform in [-1, 1] and
                             fixed per (conversation, turn): the mean stays SECONDS, as a real server's latency varies
+
+With `tokenizer_dir` (a model folder whose chat template writes Hermes `<tool_call>` blocks, e.g. the tiny student)
+it answers as `vllm serve --reasoning-parser deepseek_r1 --tool-call-parser hermes` does over that tokenizer: the
+scripted reply is model text (`<think>{reasoning}</think>` when `reasoning` is set, then the content or the
+`<tool_call>` block, then the stop token), split into the message's `reasoning` (and its deprecated copy
+`reasoning_content`), `content` and `tool_calls`; with `return_token_ids` in the request the response carries the
+prompt's token ids (the request's messages rendered by the chat template, tool-call arguments decoded and
+`reasoning_content` handed to the template, as vLLM does) at the top level and the completion's in
+`choices[0].token_ids` (stop token included); with `logprobs`, one entry per completion token.
 Every request is recorded in `requests` (model, conversation, turn, attempt, what was done) for assertions.
 """
 
@@ -53,7 +62,14 @@ class FaultServer:
     """Start with `with FaultServer(solutions=...) as srv:`; `srv.base_url` ends in /v1."""
 
     def __init__(self, solutions: dict[str, str] | None = None, direct: dict[str, str] | None = None,
-                 tool_turns: int = 1, models: list[str] | None = None) -> None:
+                 tool_turns: int = 1, models: list[str] | None = None, tokenizer_dir: str | None = None,
+                 reasoning: str | None = None) -> None:
+        self.tokenizer = None
+        if tokenizer_dir is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.reasoning = reasoning
         self.solutions = dict(solutions or {})
         self.direct = dict(direct or {})
         self.tool_turns = tool_turns
@@ -216,6 +232,9 @@ class FaultServer:
             time.sleep(seconds)
         record("ok")
         msg = self._message(kind, prompt, messages, turn, args)
+        if self.tokenizer is not None:
+            h._json(200, self._vllm_completion(model, msg, body))
+            return
         h._json(200, self._completion(model, msg, logprobs=kind == "logprobs"))
 
     def _message(self, kind: str, prompt: str, messages: list[dict[str, Any]], turn: int,
@@ -255,6 +274,46 @@ class FaultServer:
         return {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()), "model": model,
                 "choices": [choice], "usage": {"prompt_tokens": 50, "completion_tokens": ct,
                                                "total_tokens": 50 + ct}}
+
+
+    def _vllm_completion(self, model: str, msg: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """The scripted reply as vLLM serves it over a real tokenizer (see the module docstring)."""
+        tok = self.tokenizer
+        history = []
+        for m in body.get("messages", []):
+            m = dict(m)
+            if m.get("tool_calls"):  # vLLM decodes arguments for the template
+                m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(
+                    c["function"]["arguments"])}} for c in m["tool_calls"]]
+            if m.get("content") is None:
+                m["content"] = ""
+            history.append(m)
+        prompt_ids = list(tok.apply_chat_template(history, tools=body.get("tools") or None, tokenize=True,
+                                                  add_generation_prompt=True, return_dict=True)["input_ids"])
+        text = f"<think>\n{self.reasoning}\n</think>" if self.reasoning else ""
+        calls = msg.get("tool_calls") or []
+        if msg.get("content"):
+            text += ("\n\n" if text else "") + msg["content"]
+        for c in calls:
+            block = json.dumps({"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
+                               ensure_ascii=False)
+            text += ("\n" if text else "") + f"<tool_call>\n{block}\n</tool_call>"
+        ids = list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|im_end|>")]
+        out: dict[str, Any] = {"role": "assistant", "content": msg.get("content"), "tool_calls": calls or None}
+        if self.reasoning:
+            out["reasoning"] = out["reasoning_content"] = self.reasoning
+        choice: dict[str, Any] = {"index": 0, "message": out, "finish_reason": "tool_calls" if calls else "stop"}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": tok.decode([i]), "logprob": -0.05, "bytes": None,
+                                               "top_logprobs": []} for i in ids]}
+        resp: dict[str, Any] = {"id": "chatcmpl-vllm", "object": "chat.completion", "created": int(time.time()),
+                                "model": model, "choices": [choice],
+                                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                                          "total_tokens": len(prompt_ids) + len(ids)}}
+        if body.get("return_token_ids"):
+            resp["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = ids
+        return resp
 
 
 def main() -> None:

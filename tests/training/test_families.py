@@ -81,7 +81,7 @@ def test_trl_recognises_the_template_and_parses_like_the_codec(fam_model, train_
     msg = Message(role="assistant", reasoning="I will compute it.",
                   tool_calls=[ToolCall(id="call_2_0", function=FunctionCall(name="python",
                                                                            arguments='{"code": "print(2 + 3)"}'))])
-    full = tok.apply_chat_template(conv[:2] + chat.to_template([msg], dialect=chat.dialect_of(tok.chat_template)),
+    full = tok.apply_chat_template(conv[:2] + chat.to_template([msg], template=tok.chat_template),
                                    tools=tools, tokenize=False)
     assert full.startswith(prompt)
     completion = full[len(prompt):]

@@ -104,7 +104,8 @@ def test_writer_fills_every_field_the_spec_requires(atif_spec):
 
 def _corpus() -> list[Trajectory]:
     """Real episodes of every built-in suite (reference teacher with noise: passes, fails, malformed calls,
-    no-tool answers) in bubblewrap sandboxes, plus one row carrying token ids and logprobs."""
+    no-tool answers) in bubblewrap sandboxes, plus one row carrying prompt and completion token ids, logprobs and
+    reasoning (ATIF's reasoning_content and metrics.prompt_token_ids)."""
     from agents.loop import run_episode
     from agents.reference import ReferenceNoise, ReferencePolicy
     from sandbox.backend import open_backend
@@ -122,8 +123,11 @@ def _corpus() -> list[Trajectory]:
         be.shutdown()
     r = rows[0]
     n = sum(m.role == "assistant" for m in r.messages)
+    thought = [m.model_copy(update={"reasoning": f"step {i}"}) if m.role == "assistant" else m
+               for i, m in enumerate(r.messages)]
     rows.append(r.model_copy(update={"trajectory_id": "with-logprobs", "completion_token_ids": [[1, 2, 3]] * n,
-                                     "completion_logprobs": [[-0.5, -0.25, -1.0]] * n}))
+                                     "completion_logprobs": [[-0.5, -0.25, -1.0]] * n,
+                                     "prompt_token_ids": [[7, 8, 9, 10]] * n, "messages": thought}))
     return rows
 
 
@@ -151,6 +155,10 @@ def test_export_atif_validates_and_round_trips_through_the_console_script(tmp_pa
         assert row is not None and row.model_dump() == want.model_dump(), doc["trajectory_id"]
         assert doc["extra"]["flywheel"]["task_id"] == want.task_id
         assert ("token_ids" in missing) == (want.completion_token_ids is None)
+        if want.trajectory_id == "with-logprobs":
+            agent = [s for s in doc["steps"] if s["source"] == "agent"]
+            assert [s["reasoning_content"] for s in agent] == [m.reasoning for m in want.messages if m.reasoning]
+            assert all(s["metrics"]["prompt_token_ids"] == [7, 8, 9, 10] for s in agent)
         assert "tool_timings" in missing
     # the files as demonstrations: `flywheel demos import --format atif` (folder), each row saying what it lacks
     lake2 = tmp_path / "lake2"
@@ -161,9 +169,12 @@ def test_export_atif_validates_and_round_trips_through_the_console_script(tmp_pa
     demos = read_trajectories(str(lake2))
     passing = [r for r in rows if r.verdict == "pass"]
     assert len(demos) >= len(passing)  # malformed calls may be refused as demos (listed as skipped)
-    by_msgs = {json.dumps([m.model_dump() for m in r.messages]): r for r in demos}
+    def plain(r):  # dedup (curate.dedup.normalised) ignores reasoning: a conversation with it is the same demo
+        return json.dumps([m.model_dump(exclude={"reasoning"}) for m in r.messages])
+
+    by_msgs = {plain(r): r for r in demos}
     for r in passing:
-        got = by_msgs[json.dumps([m.model_dump() for m in r.messages])]
+        got = by_msgs[plain(r)]
         assert got.source == "human" and got.task_id == r.task_id and json.loads(got.tools_json) == json.loads(
             r.tools_json)
         assert "tool_timings" in json.loads(got.verifier_details_json)["missing_evidence"]

@@ -98,7 +98,50 @@ def test_think_blocks_are_reasoning_and_reasoning_renders_per_dialect():
     assert chat.parse_text("<think>\n\n</think>\n\nok", turn=1).reasoning is None
     call = ToolCall(id="c", function=FunctionCall(name="f", arguments="{}"))
     msg = Message(role="assistant", content="see", reasoning="why", tool_calls=[call])
-    assert chat.to_template([msg])[0]["reasoning_content"] == "why"
-    harmony = chat.to_template([msg], dialect="harmony")[0]  # gpt-oss cannot show both beside a call
+    from trl.chat_template_utils import gptoss_chat_template, qwen3_chat_template
+
+    assert chat.to_template([msg], template=qwen3_chat_template)[0]["reasoning_content"] == "why"
+    harmony = chat.to_template([msg], template=gptoss_chat_template)[0]  # gpt-oss cannot show both beside a call
     assert (harmony["thinking"], harmony["content"]) == ("why\n\nsee", "")
-    assert "thinking" not in chat.to_template([Message(role="assistant", content="a")], dialect="harmony")[0]
+    assert "thinking" not in chat.to_template([Message(role="assistant", content="a")],
+                                              template=gptoss_chat_template)[0]
+
+
+def test_reasoning_is_read_from_think_text_and_endpoint_fields():
+    m = chat.parse_text('<think>\nadd them\n</think>\n<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n'
+                        '</tool_call>', turn=2)
+    assert (m.reasoning, m.content, m.tool_calls[0].function.name) == ("add them", None, "python")
+    assert chat.parse_text("no thoughts <think>late</think>", turn=0).reasoning is None  # only an opening block
+    # vLLM's current field wins over its deprecated copy; a server without a reasoning parser leaves <think> text
+    assert chat.from_chat({"role": "assistant", "content": "Answer: 5", "reasoning": "r", "reasoning_content": "old"},
+                          turn=1).reasoning == "r"
+    assert chat.from_chat({"role": "assistant", "content": "Answer: 5", "reasoning_content": "old"},
+                          turn=1).reasoning == "old"
+    m = chat.from_chat({"role": "assistant", "content": "<think>x</think>\n\nAnswer: 5"}, turn=1)
+    assert (m.reasoning, m.content) == ("x", "Answer: 5")
+    m = chat.from_chat({"role": "assistant", "content": '<think>y</think><tool_call>{"name": "f", "arguments": {}}'
+                        '</tool_call>'}, turn=3)
+    assert (m.reasoning, m.content, m.tool_calls[0].id) == ("y", None, "call_3_0")
+
+
+def test_reasoning_renders_inline_or_as_a_field_and_inline_reads_back():
+    m = Message(role="assistant", content="Answer: 5", reasoning="add them")
+    assert chat.to_template([m])[0]["content"] == "<think>\nadd them\n</think>\n\nAnswer: 5"
+    from trl.chat_template_utils import gptoss_chat_template, qwen2_5_chat_template, qwen3_chat_template
+
+    assert chat.to_template([m], template=qwen3_chat_template)[0] == {
+        "role": "assistant", "content": "Answer: 5", "reasoning_content": "add them"}
+    assert chat.to_template([m], template=gptoss_chat_template)[0]["thinking"] == "add them"
+    assert chat.to_template([m], template=qwen2_5_chat_template) == chat.to_template([m])  # no field: inline
+    assert chat.to_openai([m])[0]["reasoning_content"] == "add them"
+    assert chat.to_openai([m], reasoning="inline")[0]["content"] == chat.to_template([m])[0]["content"]
+    assert "reasoning_content" not in chat.to_openai([m], reasoning="drop")[0]
+    assert chat.to_openai([m], reasoning="drop")[0]["content"] == "Answer: 5"
+    with pytest.raises(ValueError, match="reasoning must be"):
+        chat.to_openai([m], reasoning="hidden")
+    assert chat.parse_text(chat.to_template([m])[0]["content"], turn=0) == m  # render -> parse -> the same message
+    assert chat.reasoning_key(qwen3_chat_template) == "reasoning_content"
+    assert chat.reasoning_key(gptoss_chat_template) == "thinking"
+    assert chat.reasoning_key(qwen2_5_chat_template) is None and chat.reasoning_key(None) is None
+    assert chat.template_hash("t") == chat.template_hash("t") != chat.template_hash("u")
+    assert chat.template_hash(None) is None and len(chat.template_hash("t")) == 16
