@@ -5,9 +5,10 @@ episode's sandbox. The last turn is the final message, built from what the sandb
 whose reference final contains the expected answer, the answer is replaced by the last tool observation (so a
 sandbox that computes something else yields a wrong answer and a `fail`, and a replay never passes without its tool
 call having worked); an observation that is not a number gives "I could not compute it: ..." (no answer -> fail).
-Other tasks end with the reference final verbatim. A multi-turn task (Task.later_turns) is replayed turn by turn:
-after each user message, that turn's reference calls and its final (ReferenceSolution.later_turns); BFCL's
-ground-truth calls are replayed this way.
+Other tasks end with the reference final verbatim. A multi-turn task (Task.later_turns) is replayed user turn by
+user turn: after each user message, one assistant message with all of that turn's reference calls (the loop runs
+them in order), then that turn's final (ReferenceSolution.later_turns): two assistant messages per user turn.
+BFCL's ground-truth calls are replayed this way, as its ground truth lists them per turn.
 
 Noise and reward hacks (`ReferenceNoise`, below) give the verifiers and filters work. One mode is drawn per
 episode from a generator seeded by (seed, task id, sample index), so the same episode always behaves the same:
@@ -121,12 +122,18 @@ class ReferencePolicy:
         if mode == "no_tool":
             final = self._final(task, ref.final, messages, "clean")
             return PolicyReply(message=Message(role="assistant", content=final), finish_reason="stop")
-        if turn < len(steps):
+        if task.later_turns and turn == 0 and steps:
+            # a multi-turn task: the user turn's calls in one message (run in order), as BFCL's ground truth lists
+            # them per turn; two assistant messages a user turn, whatever max_turns is
+            calls = [ToolCall(id=f"call_{sample_index}_{user_turn}_{i}", function=FunctionCall(
+                name=st.tool, arguments=self._arguments(task, st.tool, st.arguments, mode, i if user_turn == 0 else -1)))
+                for i, st in enumerate(steps)]
+            return PolicyReply(message=Message(role="assistant", content=None, tool_calls=calls),
+                               finish_reason="tool_calls")
+        if not task.later_turns and turn < len(steps):
             step = steps[turn]
-            args = self._arguments(task, step.tool, step.arguments, mode, turn if user_turn <= 0 else -1)
-            # ids unique in the conversation: a multi-turn task's name their user turn too
-            cid = f"call_{sample_index}_{user_turn}_{turn}" if user_turn > 0 else f"call_{sample_index}_{turn}"
-            call = ToolCall(id=cid, function=FunctionCall(name=step.tool, arguments=args))
+            args = self._arguments(task, step.tool, step.arguments, mode, turn)
+            call = ToolCall(id=f"call_{sample_index}_{turn}", function=FunctionCall(name=step.tool, arguments=args))
             return PolicyReply(message=Message(role="assistant", content=None, tool_calls=[call]),
                                finish_reason="tool_calls")
         return PolicyReply(message=Message(role="assistant", content=self._final(task, ref.final, messages, mode)),
