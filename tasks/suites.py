@@ -34,6 +34,10 @@ class UnknownSuiteError(ValueError):
     """A suite name that is not built in."""
 
 
+class SuiteSizeError(ValueError):
+    """More tasks asked of a fixed suite (a benchmark, a task file) than it holds."""
+
+
 _GENERATORS: dict[str, Callable[..., list[Task]]] = {
     "arithmetic": arithmetic.generate, "code": code.generate, "mathword": mathword.generate}
 _INFO = {
@@ -67,7 +71,7 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
 
         found = load_humaneval(split)
         if n < 0 or n > len(found):
-            raise ValueError(f"humaneval holds {len(found)} tasks; asked for {n}: ask for at most {len(found)}")
+            raise SuiteSizeError(f"humaneval holds {len(found)} tasks; asked for {n}: ask for at most {len(found)}")
         return found[:n]
     if _is_harbor(name):
         from tasks.harbor import load_harbor
@@ -115,22 +119,28 @@ def _is_harbor(name: str) -> bool:
     return is_harbor_dir(name)
 
 
-def check_suite(name: str, split: str | None = None) -> None:
+def check_suite(name: str, split: str | None = None, n: int | None = None) -> None:
     """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files), HarborTaskError /
-    SandboxUnavailable (Harbor folders: their images are built here), BfclError (bfcl-multi-turn: the wheel, its
-    checker, the split) or FileNotFoundError's fix (humaneval: the package) before anything runs."""
+    SandboxUnavailable (Harbor folders: their images are built here), BfclError (bfcl-multi-turn: the wheel, the
+    split, more tasks than it holds) or HumanEvalMissing / SuiteSizeError (humaneval: the package, more than its
+    164) before anything runs."""
     if name == "bfcl-multi-turn":
-        from tasks.bfcl import BfclError, load_entries
+        from tasks.bfcl import SUITE, BfclError, load_entries
 
         if split is not None and split != "heldout":
-            raise BfclError(f"bfcl-multi-turn is BFCL's evaluation set: every task is heldout, none is {split}; "
+            raise BfclError(f"{SUITE} is BFCL's evaluation set: every task is heldout, none is {split}; "
                             "ask for split heldout (--split heldout)")
-        load_entries()  # the wheel is there (fetched on first use), its data reads
+        kept, left_out = load_entries()  # the wheel is there (fetched on first use), its data reads
+        if n is not None and n > len(kept):
+            raise BfclError(f"{SUITE} holds {len(kept)} loadable tasks ({sum(left_out.values())} left out: "
+                            f"{left_out}); asked for {n}: ask for fewer")
         return
     if name == "humaneval":
-        from tasks.humaneval import humaneval_path
+        from tasks.humaneval import read_problems
 
-        humaneval_path()
+        have = len(read_problems())  # HumanEvalMissing naming the install command when the package is not there
+        if n is not None and n > have:
+            raise SuiteSizeError(f"humaneval holds {have} tasks; asked for {n}: ask for at most {have}")
         return
     if _is_harbor(name):
         from tasks.harbor import load_harbor
