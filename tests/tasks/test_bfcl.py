@@ -280,6 +280,17 @@ def test_generate_through_the_cli_gives_pass_rows_and_fail_rows(wheel, tmp_path)
     rows = verdicts(tmp_path / "ok")
     assert [r["task_id"] for r in rows] == [f"multi_turn_base_{i}" for i in range(3)]
     assert all(r["verdict"] == "pass" and r["verifier_strength"] == "bfcl" for r in rows), rows
+    # judged again from the stored rows alone: `flywheel verify` with the exported tasks
+    tasks_file, traj = tmp_path / "tasks.jsonl", tmp_path / "rows.jsonl"
+    for args in (["tasks", "export", "bfcl-multi-turn", str(tasks_file), "--n", "3", "--split", "heldout"],
+                 ["export", str(traj), "--root", str(tmp_path / "ok"), "--metadata", "--arguments", "string"]):
+        done = subprocess.run([FLYWHEEL_, *args], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    v = subprocess.run([FLYWHEEL_, "verify", "--trajectories", str(traj), "--tasks", str(tasks_file), "--backend",
+                        "local"], capture_output=True, text=True, env=env, timeout=300)
+    assert v.returncode == 0, v.stderr[-2000:]
+    assert [(r["verdict"], r["verifier_strength"]) for r in map(json.loads, v.stdout.splitlines())] == [
+        ("pass", "bfcl")] * 3
     bad = gen(tmp_path / "bad", "--set", f"teacher.noise={{{quiet},no_tool=1.0}}")
     assert bad.returncode == 0, bad.stderr[-2000:]
     assert [r["verdict"] for r in verdicts(tmp_path / "bad")] == ["fail"] * 3
