@@ -8,9 +8,10 @@
   imports from the wheel) needs; a class with any is left out, and so is every task that involves it.
 - `load_entries(wheel)`: the base multi-turn entries (question turns, initial_config, involved_classes, and the
   possible_answer ground truth joined by id) that need only standard-library classes, plus the left-out count.
-- `load_bfcl(n, split="heldout")`: those entries as flywheel Tasks (suite `bfcl-multi-turn`): the first user turn as the prompt,
-  the later turns, the initial state, the involved classes and the function docs in metadata, the tools named after
-  the functions, the ground-truth calls as the reference's steps (turn by turn).
+- `load_bfcl(n, split="heldout")`: those entries as flywheel Tasks (suite `bfcl-multi-turn`): the first user turn as
+  the prompt, the later ones as Task.later_turns, the functions as tools with the schemas BFCL offers an OpenAI-style
+  model (`openai_tools`, a port of its convert_to_tool) in Task.tool_specs, the ground-truth calls as the
+  reference, turn by turn; the initial state, classes, docs and ground truth in metadata.
 - `check(entry, model_turns)`: BFCL's own `multi_turn_checker` (eval_checker/multi_turn_eval in the wheel), imported
   from the wheel file itself: per turn it runs the model's calls and the ground truth's on separate instances
   loaded from initial_config, then the state check (every public attribute of every instance equals the ground
@@ -18,9 +19,14 @@
   results so far). `replay(entry, drop=None)` checks the ground truth itself, with one call left out if asked.
 - `check_in_sandbox(entry, model_turns, backend)`: the same checker run inside one fresh sandbox: the wheel's
   checker and the entry's class sources are written to its workspace and its python3 runs them.
-`check` runs the classes in the calling process (BFCL's checker `eval`s call strings, as BFCL does). This module
-does not expose the classes as an agent's tools, does not judge episodes (no flywheel verifier kind runs it yet)
-and never writes the data anywhere but the cache (and a sandbox's workspace).
+- Episodes (agents/loop.py calls these): `acquire(task, backend)` a sandbox whose workspace holds the task's class
+  sources; `run_call(sandbox, name, args)` one call as BFCL's inference loop executes it (its
+  execute_multi_turn_func_call on the call string `call_string` builds), in a fresh process of that sandbox, the
+  instances kept between calls in a pickle in the workspace; `verify_bfcl(task, messages, backend)` the episode's
+  calls per user turn (`model_turns`) through `check_in_sandbox` (the `bfcl` verifier kind).
+`check` runs the classes in the calling process (BFCL's checker `eval`s call strings, as BFCL does); episodes and
+their verdicts run them only in sandboxes. This module never writes the data anywhere but the cache (and a
+sandbox's workspace).
 """
 
 from __future__ import annotations

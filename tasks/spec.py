@@ -3,7 +3,9 @@
 A Task is pure data (pydantic, JSON-serialisable). Suites produce Tasks; the episode loop reads them; verifiers
 judge episodes against them. Hidden tests live only here and in the verifier's fresh sandbox, never in the agent's
 workspace: `files` is what the agent's workspace starts with (for code tasks: the starter solution and the
-visible tests). This module does not generate, load or verify tasks.
+visible tests). A multi-turn task (BFCL's) adds `later_turns` (user messages delivered after each model turn, with
+`reference.later_turns` answering them) and `tool_specs` (schemas of tools of its own). This module does not
+generate, load or verify tasks.
 """
 
 from __future__ import annotations

@@ -77,9 +77,13 @@ def test_tasks_carry_turns_tools_state_and_the_reference_calls(wheel, entries):
     assert t.prompt == kept[0]["question"][0][0]["content"] and len(t.metadata["turns"]) == 4
     assert {"mkdir", "mv", "grep", "post_tweet"} <= set(t.tools)
     assert t.metadata["initial_config"] == kept[0]["initial_config"]
-    assert sum(len(turn) for turn in kept[0]["ground_truth"]) == len(t.reference.steps)
+    later = [q[0]["content"] for q in kept[0]["question"][1:]]
+    assert t.later_turns == ["\n".join(x) for x in t.metadata["turns"][1:]] == later
+    refs = [t.reference, *t.reference.later_turns]
+    assert [len(r.steps) for r in refs] == [len(turn) for turn in kept[0]["ground_truth"]]
     # sort('final_report.pdf') is positional in the ground truth: named by the method's signature
-    assert t.reference.steps[5].model_dump() == {"tool": "sort", "arguments": {"file_name": "final_report.pdf"}}
+    steps = [st for r in refs for st in r.steps]
+    assert steps[5].model_dump() == {"tool": "sort", "arguments": {"file_name": "final_report.pdf"}}
 
 
 def test_a_missing_wheel_names_the_command_that_fixes_it(tmp_path, monkeypatch):
