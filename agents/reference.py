@@ -126,7 +126,8 @@ class ReferencePolicy:
             # a multi-turn task: the user turn's calls in one message (run in order), as BFCL's ground truth lists
             # them per turn; two assistant messages a user turn, whatever max_turns is
             calls = [ToolCall(id=f"call_{sample_index}_{user_turn}_{i}", function=FunctionCall(
-                name=st.tool, arguments=self._arguments(task, st.tool, st.arguments, mode, i if user_turn == 0 else -1)))
+                name=st.tool, arguments=self._arguments(task, st.tool, st.arguments, mode,
+                                                        i if user_turn == 0 else -1)))
                 for i, st in enumerate(steps)]
             return PolicyReply(message=Message(role="assistant", content=None, tool_calls=calls),
                                finish_reason="tool_calls")
