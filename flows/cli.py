@@ -510,6 +510,7 @@ def tasks_audit(
     json_out: Annotated[Optional[str], typer.Option("--json", help="Also write the rows as JSON to this file.")]
     = None,
     no_lake: Annotated[bool, typer.Option("--no-lake", help="Print only; write no verifier_health rows.")] = False,
+    split: Annotated[str, typer.Option(help="Split of the suite (bfcl-multi-turn: heldout).")] = "train",
 ) -> None:
     """Audit each task's verifier: the oracle must pass, a null agent must fail, mutants of the oracle's code
     should fail, K re-grades must agree. Rows go to the lake's verifier_health table (flywheel sql reads it)."""
@@ -527,8 +528,12 @@ def tasks_audit(
     if (n is not None and n < 1) or k < 0 or workers < 1:
         raise UsageError(f"--n and --workers must be at least 1 and --k at least 0 (got n={n}, k={k}, "
                          f"workers={workers})")
+    if n is None and source == "bfcl-multi-turn":  # all it loads
+        from tasks.bfcl import load_entries
+
+        n = len(load_entries()[0])
     builtin = not Path(source).exists() and source != "humaneval"
-    tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize))
+    tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize), split=split)
     if not tasks:
         raise UsageError(f"{source} holds no tasks; pass a suite name, humaneval, a Harbor folder or a task file")
     try:

@@ -23,7 +23,8 @@
   sources; `run_call(sandbox, name, args)` one call as BFCL's inference loop executes it (its
   execute_multi_turn_func_call on the call string `call_string` builds), in a fresh process of that sandbox, the
   instances kept between calls in a pickle in the workspace; `verify_bfcl(task, messages, backend)` the episode's
-  calls per user turn (`model_turns`) through `check_in_sandbox` (the `bfcl` verifier kind).
+  calls per user turn (`model_turns`) through `check_in_sandbox` (the `bfcl` verifier kind); `dropped_calls` the
+  episode with one call left out, the verifier audit's mutants.
 `check` runs the classes in the calling process (BFCL's checker `eval`s call strings, as BFCL does); episodes and
 their verdicts run them only in sandboxes. This module never writes the data anywhere but the cache (and a
 sandbox's workspace).
@@ -484,3 +485,15 @@ def verify_bfcl(task: Task, messages: list[Message], backend: Backend | None) ->
     turns = model_turns(task, messages)
     got = check_in_sandbox(task_entry(task), turns, backend)
     return bool(got.get("valid")), {"checker": got, "model_calls": turns}
+
+
+def dropped_calls(messages: list[Message]) -> list[list[Message]]:
+    """Mutants of an episode for the verifier audit: one per tool call, the episode with that call (and the tool
+    message answering it) left out; an assistant message left with no call keeps its place, empty of calls."""
+    out = []
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.tool_calls or [] if m.role == "assistant" else []):
+            rest = [c for k, c in enumerate(m.tool_calls or []) if k != j]
+            out.append([*messages[:i], m.model_copy(update={"tool_calls": rest or None}),
+                        *[x for x in messages[i + 1:] if not (x.role == "tool" and x.tool_call_id == call.id)]])
+    return out

@@ -314,3 +314,23 @@ def test_a_reference_episode_in_docker(wheel):
     with open_backend(SandboxConfig(backend="docker")) as be:
         row = _episode(task, be)
     assert row.verdict == "pass" and row.sandbox_backend == "docker", row.error_message
+
+
+@pytest.mark.slow
+def test_tasks_audit_on_bfcl(wheel, tmp_path):
+    """`flywheel tasks audit bfcl-multi-turn`: the oracle passes, the null agent fails, and every mutant (the
+    oracle's episode with one call left out) fails; the rows land in the lake's verifier_health table."""
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    a = subprocess.run([FLYWHEEL_, "tasks", "audit", "bfcl-multi-turn", "--split", "heldout", "--n", "2", "--k", "1",
+                        "--backend", "local", "--workers", "2", "--root", str(tmp_path)], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert "oracle passes 2/2; null agent passes 0/2; mutant kill rate 16/16 = 1.000" in a.stdout, a.stdout
+    q = subprocess.run([FLYWHEEL_, "sql", "--root", str(tmp_path), "--format", "json", "SELECT task_id, verifier, "
+                        "oracle_pass, null_pass, n_mutants FROM verifier_health ORDER BY task_id"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert json.loads(q.stdout) == [
+        {"task_id": "multi_turn_base_0", "verifier": "bfcl", "oracle_pass": True, "null_pass": False, "n_mutants": 10},
+        {"task_id": "multi_turn_base_1", "verifier": "bfcl", "oracle_pass": True, "null_pass": False, "n_mutants": 6}]
