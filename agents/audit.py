@@ -7,7 +7,8 @@
 - mutants of the oracle's code where the task has code (unit-test tasks whose reference writes
   verifier.solution_path and names an entry point): tasks/humaneval.py's deterministic ast mutants of that file,
   each judged as an episode that writes the mutant and stops -- each should fail (mutant_kill_rate: the share
-  that fail; None where there are none, e.g. Harbor's shell oracles);
+  that fail; None where there are none, e.g. Harbor's shell oracles); a BFCL task's mutants are the oracle's
+  episode with one call left out (tasks.bfcl.dropped_calls);
 - K re-grades of the oracle's final state: the oracle's messages judged again K times (code and Harbor tasks:
   replayed in a fresh sandbox each time); flake_rate is the share of re-grades whose pass/fail differs from the
   oracle episode's own verdict.
@@ -100,8 +101,14 @@ def audit_task(task: Task, backend: Backend, *, k: int = 3, max_turns: int = 8) 
               ("null", null)) if r.verdict == "infra_error"]
     oracle_pass = oracle.verdict == "pass"
     try:
-        sources = oracle_mutants(task)
-        killed = sum(verify(task, episode_messages(task, s), backend=backend).verdict != "pass" for s in sources)
+        if task.verifier.kind == "bfcl":  # its mutants: the oracle's episode with one call left out
+            from tasks.bfcl import dropped_calls
+
+            variants = dropped_calls(oracle.messages) if oracle_pass else []
+        else:
+            variants = [episode_messages(task, s) for s in oracle_mutants(task)]
+        sources = variants
+        killed = sum(verify(task, v, backend=backend).verdict != "pass" for v in variants)
         regrades = [verify(task, oracle.messages, backend=backend).verdict == "pass" for _ in range(k)]
     except VerifierUnavailable as e:
         errors.append(f"regrade: {e}")

@@ -4,7 +4,10 @@
 policy answers (its message read by the one conversation codec, warehouse.chat); each tool call it makes is
 checked and decoded (`check_call`), run in the episode's sandbox
 (in a worker thread: sandboxes are synchronous) and its observation appended as a `tool` message with the
-call's `tool_call_id`; an assistant message without tool calls ends the episode and the task's verifier judges it.
+call's `tool_call_id`; an assistant message without tool calls ends the model's turn. A multi-turn task
+(Task.later_turns, e.g. BFCL's) then gets its next user message and the loop goes on (`max_turns` holds per user
+turn); after the last one it ends the episode and the task's verifier judges it. A BFCL task's tools are its API
+functions (Task.tool_specs), each call run in the episode's sandbox by tasks/bfcl.py against the state kept there.
 
 The sandbox is acquired lazily, at the first tool call, and closed when the episode ends: an episode that waits on
 a rate-limited endpoint or answers without tools holds no container. A Harbor task's sandbox is a container of the
@@ -82,17 +85,19 @@ class EmptyReply(ModelError):
     """The model ended its turn with neither content nor tool calls."""
 
 
-def check_call(call: ToolCall, offered: list[str]) -> dict[str, Any]:
+def check_call(call: ToolCall, offered: list[str], specs: list[dict[str, Any]] | tuple = ()) -> dict[str, Any]:
     """The decoded arguments of a model's tool call; MalformedToolCall for a call the model wrote but that cannot
-    be read, ToolArgumentError for a tool the task does not offer or arguments that do not decode."""
+    be read, ToolArgumentError for a tool the task does not offer or arguments that do not decode. `specs`: the
+    task's own tools (Task.tool_specs)."""
     if chat.is_malformed(call):
         raise MalformedToolCall(chat.malformed_reason(call))
     if call.function.name not in offered:
         raise ToolArgumentError(f"tool {call.function.name!r} is not offered by this task (offered: {offered})")
-    return parse_arguments(call.function.name, call.function.arguments)
+    return parse_arguments(call.function.name, call.function.arguments, specs)
 
 
-def episode_model_error(messages: list[Message], offered: list[str]) -> Exception | None:
+def episode_model_error(messages: list[Message], offered: list[str],
+                        specs: list[dict[str, Any]] | tuple = ()) -> Exception | None:
     """The first model error in a conversation's assistant turns (an empty turn, a call `check_call` refuses), or
     None: what the loop stops an episode on. GRPO's reward (training.environment) judges its episodes with it."""
     for m in messages:
@@ -102,7 +107,7 @@ def episode_model_error(messages: list[Message], offered: list[str]) -> Exceptio
             return EmptyReply("the model replied with neither content nor tool calls")
         for call in m.tool_calls or []:
             try:
-                check_call(call, offered)
+                check_call(call, offered, specs)
             except ToolArgumentError as e:
                 return e
     return None
@@ -146,15 +151,25 @@ def _verify(task: Task, messages: list[Message], backend: Backend, workspace: ta
 
 
 def _acquire(task: Task, backend: Backend) -> Sandbox:
-    """The episode's sandbox: from `backend`, or for a Harbor task a container of the task's own image."""
+    """The episode's sandbox: from `backend`, or for a Harbor task a container of the task's own image, or for a
+    BFCL task one whose workspace holds the task's API classes (tasks/bfcl.py)."""
     if task.verifier.kind == "harbor":
         from tasks.harbor import acquire
 
         return acquire(task, backend)
+    if task.verifier.kind == "bfcl":
+        from tasks.bfcl import acquire as acquire_bfcl
+
+        return acquire_bfcl(task, backend)
     return backend.acquire()
 
 
-def _run_tool(sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
+def _run_tool(task: Task, sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
+    """A built-in tool (tasks/tools.py), or one of a BFCL task's API functions (tasks/bfcl.py)."""
+    if task.verifier.kind == "bfcl":
+        from tasks.bfcl import run_call
+
+        return run_call(sandbox, name, args, timeout_s=timeout_s)
     return run_tool(sandbox, name, args, timeout_s=timeout_s)
 
 
@@ -208,9 +223,11 @@ async def run_episode(
     outcome: Outcome | None = None
 
     try:
-        tools = tool_schemas(task.tools)  # an unknown tool name is a broken task: an infra_error row, not a crash
+        tools = tool_schemas(task.tools, task.tool_specs)  # an unknown tool name: a broken task, an infra_error row
         final = False
-        while ep.turns < max_turns:
+        later = list(task.later_turns)
+        turn_start = 0  # ep.turns when the current user turn began: max_turns holds per user turn
+        while ep.turns - turn_start < max_turns:
             try:
                 reply = await policy.reply(messages, tools, task=task, sample_index=sample_index)
             except ModelError as e:
@@ -241,13 +258,17 @@ async def run_episode(
                                  f"(finish_reason={reply.finish_reason!r})")
                 break
             if not msg.tool_calls:
+                if later:  # the model ended its turn: the next user turn comes (multi-turn tasks)
+                    messages.append(Message(role="user", content=later.pop(0)))
+                    turn_start = ep.turns
+                    continue
                 final = True
                 break
             stop = False
             for call in msg.tool_calls:
                 ep.n_tool_calls += 1
                 try:
-                    args = check_call(call, list(task.tools))
+                    args = check_call(call, list(task.tools), task.tool_specs)
                 except ToolArgumentError as e:
                     messages.append(Message(role="tool", tool_call_id=call.id, name=call.function.name,
                                             content=f"error: {e}"))
@@ -266,7 +287,7 @@ async def run_episode(
                         break
                 sandbox = ep.sandbox
                 try:
-                    result = await _in_thread(executor, _run_tool, sandbox, call.function.name, args,
+                    result = await _in_thread(executor, _run_tool, task, sandbox, call.function.name, args,
                                               tool_timeout_s)
                 except SandboxError as e:
                     verdict, error_class, error_message = "infra_error", type(e).__name__, str(e)
@@ -284,6 +305,9 @@ async def run_episode(
         if verdict is None and not final:
             verdict, error_class = "timeout", "MaxTurns"
             error_message = f"no final answer after {max_turns} assistant turns (max_turns={max_turns})"
+            if task.later_turns:
+                error_message += (f" in user turn {len(task.later_turns) - len(later) + 1} of "
+                                  f"{len(task.later_turns) + 1}")
         if verdict is None:
             try:
                 workspace = None

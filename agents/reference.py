@@ -5,7 +5,10 @@ episode's sandbox. The last turn is the final message, built from what the sandb
 whose reference final contains the expected answer, the answer is replaced by the last tool observation (so a
 sandbox that computes something else yields a wrong answer and a `fail`, and a replay never passes without its tool
 call having worked); an observation that is not a number gives "I could not compute it: ..." (no answer -> fail).
-Other tasks end with the reference final verbatim.
+Other tasks end with the reference final verbatim. A multi-turn task (Task.later_turns) is replayed user turn by
+user turn: after each user message, one assistant message with all of that turn's reference calls (the loop runs
+them in order), then that turn's final (ReferenceSolution.later_turns): two assistant messages per user turn.
+BFCL's ground-truth calls are replayed this way, as its ground truth lists them per turn.
 
 Noise and reward hacks (`ReferenceNoise`, below) give the verifiers and filters work. One mode is drawn per
 episode from a generator seeded by (seed, task id, sample index), so the same episode always behaves the same:
@@ -112,20 +115,33 @@ class ReferencePolicy:
         # The turn index is the number of assistant messages after the last user message.
         last_user = max(i for i, m in enumerate(messages) if m.role == "user")
         turn = sum(1 for m in messages[last_user + 1:] if m.role == "assistant")
-        steps = task.reference.steps
+        # A multi-turn task's later user turns each have their own reference (Task.later_turns).
+        user_turn = sum(m.role == "user" for m in messages) - 1 - sum(m.role == "user" for m in task.messages or [])
+        ref = task.reference.later_turns[user_turn - 1] if user_turn > 0 else task.reference
+        steps = ref.steps
         if mode == "no_tool":
-            return PolicyReply(message=Message(role="assistant", content=self._final(task, messages, "clean")),
-                               finish_reason="stop")
-        if turn < len(steps):
+            final = self._final(task, ref.final, messages, "clean")
+            return PolicyReply(message=Message(role="assistant", content=final), finish_reason="stop")
+        if task.later_turns and turn == 0 and steps:
+            # a multi-turn task: the user turn's calls in one message (run in order), as BFCL's ground truth lists
+            # them per turn; two assistant messages a user turn, whatever max_turns is
+            calls = [ToolCall(id=f"call_{sample_index}_{user_turn}_{i}", function=FunctionCall(
+                name=st.tool, arguments=self._arguments(task, st.tool, st.arguments, mode,
+                                                        i if user_turn == 0 else -1)))
+                for i, st in enumerate(steps)]
+            return PolicyReply(message=Message(role="assistant", content=None, tool_calls=calls),
+                               finish_reason="tool_calls")
+        if not task.later_turns and turn < len(steps):
             step = steps[turn]
             args = self._arguments(task, step.tool, step.arguments, mode, turn)
             call = ToolCall(id=f"call_{sample_index}_{turn}", function=FunctionCall(name=step.tool, arguments=args))
             return PolicyReply(message=Message(role="assistant", content=None, tool_calls=[call]),
                                finish_reason="tool_calls")
-        return PolicyReply(message=Message(role="assistant", content=self._final(task, messages, mode)),
+        return PolicyReply(message=Message(role="assistant", content=self._final(task, ref.final, messages, mode)),
                            finish_reason="stop")
 
     def _arguments(self, task: Task, tool: str, arguments: dict[str, Any], mode: str, turn: int) -> str:
+        """`turn`: the call's index in the first user turn (-1 in a later one)."""
         if mode == "malformed_call" and turn == 0:
             return json.dumps(arguments)[:-2]  # cut before the closing quote and brace: not valid JSON
         if (mode == "exit_hack" and tool == "write_file"
@@ -133,8 +149,7 @@ class ReferencePolicy:
             return json.dumps({**arguments, "content": EXIT_HACK_CODE})
         return json.dumps(arguments)
 
-    def _final(self, task: Task, messages: list[Message], mode: str) -> str:
-        final = task.reference.final
+    def _final(self, task: Task, final: str, messages: list[Message], mode: str) -> str:
         expected = task.verifier.answer
         observed: str | None = None
         tool_msgs = [m for m in messages if m.role == "tool"]

@@ -38,8 +38,9 @@ class UsageError(Exception):
 KNOWN_ERRORS = (
     ("flows.config", "ConfigError"), ("flows.runners", "RunnerError"), ("flows.serve", "ServeError"),
     ("agents.policy", "PolicyError"), ("sandbox.result", "SandboxError"), ("tasks.suites", "UnknownSuiteError"),
+    ("tasks.suites", "SuiteSizeError"),
     ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lakefs", "LakeError"),
-    ("tasks.harbor", "HarborTaskError"), ("tasks.bfcl", "BfclError"),
+    ("tasks.harbor", "HarborTaskError"), ("tasks.bfcl", "BfclError"), ("tasks.humaneval", "HumanEvalMissing"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
@@ -549,6 +550,7 @@ def tasks_audit(
     json_out: Annotated[Optional[str], typer.Option("--json", help="Also write the rows as JSON to this file.")]
     = None,
     no_lake: Annotated[bool, typer.Option("--no-lake", help="Print only; write no verifier_health rows.")] = False,
+    split: Annotated[str, typer.Option(help="Split of the suite (bfcl-multi-turn: heldout).")] = "train",
 ) -> None:
     """Audit each task's verifier: the oracle must pass, a null agent must fail, mutants of the oracle's code
     should fail, K re-grades must agree. Rows go to the lake's verifier_health table (flywheel sql reads it)."""
@@ -566,8 +568,12 @@ def tasks_audit(
     if (n is not None and n < 1) or k < 0 or workers < 1:
         raise UsageError(f"--n and --workers must be at least 1 and --k at least 0 (got n={n}, k={k}, "
                          f"workers={workers})")
+    if n is None and source == "bfcl-multi-turn":  # all it loads
+        from tasks.bfcl import load_entries
+
+        n = len(load_entries()[0])
     builtin = not Path(source).exists() and source != "humaneval"
-    tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize))
+    tasks = _load(source, n=n if n is not None else (50 if builtin else sys.maxsize), split=split)
     if not tasks:
         raise UsageError(f"{source} holds no tasks; pass a suite name, humaneval, a Harbor folder or a task file")
     try:

@@ -198,7 +198,8 @@ class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once in one rollout; it holds "
                              "that many flywheel-sandbox slots (and endpoint slots for an openai policy).")
-    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode before it is cut off.")
+    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode (per user turn of a multi-turn "
+                                                        "task, e.g. BFCL's) before it is cut off.")
     batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
     infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error "
                                "(never counted as the model's failure).")

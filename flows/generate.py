@@ -173,7 +173,7 @@ def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
     from tasks.suites import check_suite
 
     def check(c: FlywheelConfig) -> None:
-        check_suite(c.generate.suite)
+        check_suite(c.generate.suite, c.generate.split, c.generate.n_tasks)
         check_teacher_and_sandbox(c)
 
     preflight_once("generate", cfg, check, recheck=recheck)

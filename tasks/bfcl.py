@@ -8,9 +8,10 @@
   imports from the wheel) needs; a class with any is left out, and so is every task that involves it.
 - `load_entries(wheel)`: the base multi-turn entries (question turns, initial_config, involved_classes, and the
   possible_answer ground truth joined by id) that need only standard-library classes, plus the left-out count.
-- `load_bfcl(n, split="heldout")`: those entries as flywheel Tasks (suite `bfcl-multi-turn`): the first user turn as the prompt,
-  the later turns, the initial state, the involved classes and the function docs in metadata, the tools named after
-  the functions, the ground-truth calls as the reference's steps (turn by turn).
+- `load_bfcl(n, split="heldout")`: those entries as flywheel Tasks (suite `bfcl-multi-turn`): the first user turn as
+  the prompt, the later ones as Task.later_turns, the functions as tools with the schemas BFCL offers an OpenAI-style
+  model (`openai_tools`, a port of its convert_to_tool) in Task.tool_specs, the ground-truth calls as the
+  reference, turn by turn; the initial state, classes, docs and ground truth in metadata.
 - `check(entry, model_turns)`: BFCL's own `multi_turn_checker` (eval_checker/multi_turn_eval in the wheel), imported
   from the wheel file itself: per turn it runs the model's calls and the ground truth's on separate instances
   loaded from initial_config, then the state check (every public attribute of every instance equals the ground
@@ -18,14 +19,21 @@
   results so far). `replay(entry, drop=None)` checks the ground truth itself, with one call left out if asked.
 - `check_in_sandbox(entry, model_turns, backend)`: the same checker run inside one fresh sandbox: the wheel's
   checker and the entry's class sources are written to its workspace and its python3 runs them.
-`check` runs the classes in the calling process (BFCL's checker `eval`s call strings, as BFCL does). This module
-does not expose the classes as an agent's tools, does not judge episodes (no flywheel verifier kind runs it yet)
-and never writes the data anywhere but the cache (and a sandbox's workspace).
+- Episodes (agents/loop.py calls these): `acquire(task, backend)` a sandbox whose workspace holds the task's class
+  sources; `run_call(sandbox, name, args)` one call as BFCL's inference loop executes it (its
+  execute_multi_turn_func_call on the call string `call_string` builds), in a fresh process of that sandbox, the
+  instances kept between calls in a pickle in the workspace; `verify_bfcl(task, messages, backend)` the episode's
+  calls per user turn (`model_turns`) through `check_in_sandbox` (the `bfcl` verifier kind); `dropped_calls` the
+  episode with one call left out, the verifier audit's mutants.
+`check` runs the classes in the calling process (BFCL's checker `eval`s call strings, as BFCL does); episodes and
+their verdicts run them only in sandboxes. This module never writes the data anywhere but the cache (and a
+sandbox's workspace).
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import inspect
 import json
@@ -38,8 +46,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from sandbox.result import Backend, SandboxError
+from sandbox.result import Backend, ExecResult, SandboxError
 from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
+from warehouse.record import Message
 
 BFCL_VERSION = "2026.3.23"
 SUITE = "bfcl-multi-turn"
@@ -49,6 +58,11 @@ _CHECKER = ("bfcl_eval/eval_checker/multi_turn_eval/multi_turn_checker.py",
 _QUESTIONS = "bfcl_eval/data/BFCL_v4_multi_turn_base.json"
 _ANSWERS = "bfcl_eval/data/possible_answer/BFCL_v4_multi_turn_base.json"
 _DOCS = "bfcl_eval/data/multi_turn_func_doc/"
+_TYPE_MAPPINGS = "bfcl_eval/constants/type_mappings.py"
+TURN_DONE = "Done."  # the reference's message that ends each turn
+BFCL_VERIFIER_VERSION = "1"
+STATE_FILE = "bfcl_state.pkl"  # the API instances between calls, in the episode's workspace
+ENTRY_FILE = "bfcl_entry.json"
 
 
 class BfclError(ValueError):
@@ -209,6 +223,42 @@ def _call_step(call: str, methods: dict[str, Any]) -> ToolCallStep:
     return ToolCallStep(tool=name, arguments=kwargs)
 
 
+def _cast_types(props: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
+    """BFCL's _cast_to_openai_type (model_handler/utils.py, which needs tenacity: ported, not imported)."""
+    for value in props.values():
+        if "type" not in value:
+            value["type"] = "string"
+        else:
+            if value["type"] == "float":
+                value["format"] = "float"
+                value["description"] += " This is a float type value."
+            value["type"] = mapping.get(value["type"], "string")
+        if value["type"] in ("array", "object"):
+            if "properties" in value:
+                value["properties"] = _cast_types(value["properties"], mapping)
+            elif "items" in value:
+                items = value["items"]
+                items["type"] = mapping[items["type"]]
+                if items["type"] == "array" and "items" in items:
+                    items["items"]["type"] = mapping[items["items"]["type"]]
+                elif items["type"] == "object" and "properties" in items:
+                    items["properties"] = _cast_types(items["properties"], mapping)
+    return props
+
+
+def openai_tools(wheel: Path, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function docs as BFCL offers them to an OpenAI-style function-calling model (its convert_to_tool,
+    ModelStyle.OPENAI_COMPLETIONS, with the wheel's GORILLA_TO_OPENAPI type mapping)."""
+    ns: dict[str, Any] = {}
+    exec(compile(_read(wheel, _TYPE_MAPPINGS), _TYPE_MAPPINGS, "exec"), ns)  # noqa: S102 - dict literals only
+    out = []
+    for doc in copy.deepcopy(docs):
+        doc["parameters"]["type"] = "object"
+        doc["parameters"]["properties"] = _cast_types(doc["parameters"]["properties"], ns["GORILLA_TO_OPENAPI"])
+        out.append({"type": "function", "function": doc})
+    return out
+
+
 def load_bfcl(n: int | None = None, wheel: Path | None = None, split: str = "heldout") -> list[Task]:
     """The first n loadable base entries as Tasks (all of them when n is None); all are heldout."""
     if split != "heldout":
@@ -228,15 +278,20 @@ def load_bfcl(n: int | None = None, wheel: Path | None = None, split: str = "hel
         methods = {name: fn for c in e["involved_classes"] for name, fn in inspect.getmembers(classes[c])
                    if callable(fn) and not name.startswith("_")}
         docs = function_docs(wheel, e["involved_classes"])
-        turns = [[m["content"] for m in turn if m["role"] == "user"] for turn in e["question"]]
-        steps = [_call_step(c, methods) for turn in e["ground_truth"] for c in turn]
+        turns = ["\n".join(m["content"] for m in turn if m["role"] == "user") for turn in e["question"]]
+        if len(turns) != len(e["ground_truth"]):
+            raise BfclMissing(f"{e['id']} has {len(turns)} user turns but {len(e['ground_truth'])} ground-truth "
+                              f"turns in {wheel.name}")
+        refs = [ReferenceSolution(steps=[_call_step(c, methods) for c in turn], final=TURN_DONE)
+                for turn in e["ground_truth"]]
         tasks.append(Task(
             id=e["id"], suite=SUITE, version=f"bfcl-eval-{BFCL_VERSION}", split="heldout",
-            prompt="\n".join(turns[0]), tools=[d["name"] for d in docs],
-            verifier=VerifierSpec(kind="bfcl"), reference=ReferenceSolution(steps=steps, final="Done."),
-            metadata={"turns": turns, "initial_config": e["initial_config"],
-                      "involved_classes": e["involved_classes"], "function_docs": docs,
-                      "ground_truth": e["ground_truth"], "left_out": left_out}))
+            prompt=turns[0], later_turns=turns[1:], tools=[d["name"] for d in docs],
+            tool_specs=openai_tools(wheel, docs), verifier=VerifierSpec(kind="bfcl"),
+            reference=refs[0].model_copy(update={"later_turns": refs[1:]}),
+            metadata={"turns": [[m["content"] for m in turn if m["role"] == "user"] for turn in e["question"]],
+                      "initial_config": e["initial_config"], "involved_classes": e["involved_classes"],
+                      "function_docs": docs, "ground_truth": e["ground_truth"], "left_out": left_out}))
     return tasks
 
 
@@ -327,3 +382,118 @@ def check_in_sandbox(entry: dict[str, Any], model_turns: list[list[str]], backen
         raise SandboxError(f"BFCL's checker did not finish in the sandbox for {entry['id']}: exit {res.exit_code}, "
                            f"{res.error or res.stderr[-500:]}")
     return json.loads(lines[-1][len(marker) + 1:])
+
+
+# ------------------------------------------------------------------------------------------------ episodes
+
+
+def task_entry(task: Task) -> dict[str, Any]:
+    """The BFCL entry a Task was loaded from (what the checker reads): id, initial_config, classes, ground truth."""
+    md = task.metadata
+    return {"id": task.id, "initial_config": md["initial_config"], "involved_classes": md["involved_classes"],
+            "ground_truth": md["ground_truth"]}
+
+
+def call_string(name: str, args: dict[str, Any]) -> str:
+    """A decoded tool call as BFCL's call string (its convert_to_function_call: `name(k=repr(v),...)`)."""
+    return f"{name}({','.join(f'{k}={v!r}' for k, v in args.items())})"
+
+
+def acquire(task: Task, backend: Backend, wheel: Path | None = None):
+    """The episode's sandbox from `backend`, its workspace holding the task's API classes (the wheel's sources) and
+    its entry; the instances are made from initial_config at the first call and kept in STATE_FILE between calls."""
+    wheel = wheel or wheel_path()
+    entry = task_entry(task)
+    _require_stdlib(wheel, entry)
+    files = _sandbox_files(wheel, entry["involved_classes"])
+    files[ENTRY_FILE] = json.dumps({k: entry[k] for k in ("id", "initial_config", "involved_classes")})
+    sandbox = backend.acquire()
+    try:
+        sandbox.write_files(files)
+    except BaseException:
+        sandbox.close()
+        raise
+    return sandbox
+
+
+# One call in a fresh process: the instances from the state file (first call: BFCL makes them from initial_config),
+# BFCL's own execute_multi_turn_func_call on the call string, the instances back to the state file.
+_CALL = r"""
+import json, os, pickle, sys
+sys.path.insert(0, os.getcwd())
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as u
+e = json.load(open(sys.argv[3]))
+g = vars(u)
+if os.path.exists(sys.argv[2]):
+    with open(sys.argv[2], "rb") as f:
+        g.update(pickle.load(f))
+res, _ = u.execute_multi_turn_func_call([sys.stdin.read()], e["initial_config"], e["involved_classes"], "flywheel",
+                                        e["id"])
+with open(sys.argv[2] + ".tmp", "wb") as f:
+    pickle.dump({k: v for k, v in g.items() if k.startswith("flywheel_") and k.endswith("_instance")}, f)
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+print(sys.argv[1], json.dumps(res[0]))
+"""
+
+
+def run_call(sandbox: Any, name: str, args: dict[str, Any], *, timeout_s: float | None = None) -> ExecResult:
+    """One of the task's API functions called in the episode's sandbox, as BFCL's inference loop executes it; the
+    result (BFCL's string, 'Error during execution: ...' for a call that raised) is the stdout. A run that gives no
+    result (not a timeout) is a SandboxError: the machinery broke, not the model."""
+    marker = "__BFCL_" + secrets.token_hex(8)
+    res = sandbox.exec(["python3", "-I", "-c", _CALL, marker, STATE_FILE, ENTRY_FILE],
+                       stdin=call_string(name, args).encode(), timeout_s=timeout_s)
+    if res.verdict in ("timeout", "resource_limit", "infra_error"):
+        return res
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(marker + " ")]
+    if res.exit_code != 0 or not lines:
+        raise SandboxError(f"BFCL call {name} gave no result in the sandbox: exit {res.exit_code}, "
+                           f"{(res.stderr or res.error or '')[-500:]}")
+    return res.model_copy(update={"stdout": json.loads(lines[-1][len(marker) + 1:]), "stderr": ""})
+
+
+def model_turns(task: Task, messages: list[Message]) -> list[list[str]]:
+    """The episode's calls per user turn, as BFCL call strings (one list per ground-truth turn; turns the episode
+    never reached are empty). A call whose arguments do not decode is left out, as BFCL's decoder leaves it."""
+    turns: list[list[str]] = []
+    earlier_users = sum(m.role == "user" for m in task.messages or [])
+    seen = 0
+    for m in messages:
+        if m.role == "user":
+            seen += 1
+            if seen > earlier_users:
+                turns.append([])
+        elif m.role == "assistant" and turns:
+            for tc in m.tool_calls or []:
+                try:
+                    args = json.loads(tc.function.arguments or "{}")
+                except ValueError:
+                    continue
+                if isinstance(args, dict):
+                    turns[-1].append(call_string(tc.function.name, args))
+    n = len(task.metadata["ground_truth"])
+    return (turns + [[] for _ in range(n)])[:n]
+
+
+def verify_bfcl(task: Task, messages: list[Message], backend: Backend | None) -> tuple[bool, dict[str, Any]]:
+    """BFCL's checker on the episode's calls, in a fresh sandbox of `backend` (check_in_sandbox): it runs them
+    again on fresh instances beside the ground truth and compares, per turn, the state and the results."""
+    from tasks.unittests import VerifierUnavailable
+
+    if backend is None:
+        raise VerifierUnavailable(f"task {task.id} is judged by BFCL's checker in a sandbox; pass backend=")
+    turns = model_turns(task, messages)
+    got = check_in_sandbox(task_entry(task), turns, backend)
+    return bool(got.get("valid")), {"checker": got, "model_calls": turns}
+
+
+def dropped_calls(messages: list[Message]) -> list[list[Message]]:
+    """Mutants of an episode for the verifier audit: one per tool call, the episode with that call (and the tool
+    message answering it) left out; an assistant message left with no call keeps its place, empty of calls."""
+    out = []
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.tool_calls or [] if m.role == "assistant" else []):
+            rest = [c for k, c in enumerate(m.tool_calls or []) if k != j]
+            out.append([*messages[:i], m.model_copy(update={"tool_calls": rest or None}),
+                        *[x for x in messages[i + 1:] if not (x.role == "tool" and x.tool_call_id == call.id)]])
+    return out

@@ -45,9 +45,9 @@ def tasks_show(source: str, *, n: int = 3, split: str = "train", seed: int = 0, 
     if Path(source).exists():
         return load_tasks(source, format=format, split=split)[:n]
     if source == "humaneval":
-        from tasks.humaneval import humaneval_path
+        from tasks.humaneval import load_humaneval
 
-        return load_tasks(humaneval_path(), format="humaneval", split=split)[:n]
+        return load_humaneval(split)[:n]
     return load_suite(source, n, split=split, seed=seed, difficulty=difficulty)
 
 

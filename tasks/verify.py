@@ -6,6 +6,9 @@
 - llm_judge: an OpenAI-compatible judge, only for tasks with no answer and no tests (tasks/judge.py);
 - harbor: the task's own tests/test.sh in a fresh container of its image, over the state the agent's container
   left, the reward read from the reward file it writes (tasks/harbor.py; strength 'harbor': a script's reward).
+- bfcl: BFCL's own multi_turn_checker (tasks/bfcl.py) in a fresh sandbox: the episode's calls, per user turn, run
+  again on fresh API instances beside the ground truth; per turn the state and the results must match (strength
+  'bfcl': the model's part is call names and literal arguments, no code of its own).
 Every verdict is fail-closed: no answer, no report, fewer results than tests, an empty test list or a harness crash
 is never a pass. Forensics (tasks/forensics.py) then runs on every episode: any finding makes the verdict `hack`
 and the reward 0, with the reason codes in `hack_flags`. Process terms (tasks/rewards.py) are logged in
@@ -40,7 +43,7 @@ __all__ = ["Outcome", "verify", "verify_numeric", "VerifierError", "VerifierUnav
 NUMERIC_VERIFIER_VERSION = "2"  # 2: markdown answers (**Answer:** 270) count
 UNIT_TESTS_VERIFIER_VERSION = "2"  # 2: the data and isolated paths
 VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
-                     "llm_judge": "1", "harbor": "1"}
+                     "llm_judge": "1", "harbor": "1", "bfcl": "1"}
 class Outcome(BaseModel):
     verdict: str = Field(description="pass, fail or hack (the loop sets model_error/timeout/infra_error).")
     reward: float
@@ -52,7 +55,7 @@ class Outcome(BaseModel):
     verifier: str
     verifier_version: str
     verifier_strength: str | None = Field(default=None,
-                                          description="data, isolated, llm or harbor (see the record).")
+                                          description="data, isolated, llm, harbor or bfcl (see the record).")
 
 
 def verify_numeric(task: Task, messages: list[Message]) -> Outcome:
@@ -130,6 +133,13 @@ def verify(task: Task, messages: list[Message], *, backend: Backend | None = Non
         reward, passed, details = verify_harbor(task, messages, agent_sandbox, backend)
         outcome = Outcome(verdict="pass" if passed else "fail", reward=reward, success=passed, details=details,
                           verifier="harbor", verifier_version=HARBOR_VERIFIER_VERSION, verifier_strength="harbor")
+    elif kind == "bfcl":
+        from tasks.bfcl import BFCL_VERIFIER_VERSION, verify_bfcl
+
+        passed, details = verify_bfcl(task, messages, backend)
+        outcome = Outcome(verdict="pass" if passed else "fail", reward=1.0 if passed else 0.0, success=passed,
+                          details=details, verifier="bfcl", verifier_version=BFCL_VERIFIER_VERSION,
+                          verifier_strength="bfcl")
     else:  # pragma: no cover - the spec's Literal forbids it
         raise VerifierError(f"verifier kind {kind!r} is not implemented")
     findings = inspect_episode(task, messages, workspace=workspace, tests=run)

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tasks import bfcl
+from tests.conftest import FLYWHEEL as FLYWHEEL_
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +77,13 @@ def test_tasks_carry_turns_tools_state_and_the_reference_calls(wheel, entries):
     assert t.prompt == kept[0]["question"][0][0]["content"] and len(t.metadata["turns"]) == 4
     assert {"mkdir", "mv", "grep", "post_tweet"} <= set(t.tools)
     assert t.metadata["initial_config"] == kept[0]["initial_config"]
-    assert sum(len(turn) for turn in kept[0]["ground_truth"]) == len(t.reference.steps)
+    later = [q[0]["content"] for q in kept[0]["question"][1:]]
+    assert t.later_turns == ["\n".join(x) for x in t.metadata["turns"][1:]] == later
+    refs = [t.reference, *t.reference.later_turns]
+    assert [len(r.steps) for r in refs] == [len(turn) for turn in kept[0]["ground_truth"]]
     # sort('final_report.pdf') is positional in the ground truth: named by the method's signature
-    assert t.reference.steps[5].model_dump() == {"tool": "sort", "arguments": {"file_name": "final_report.pdf"}}
+    steps = [st for r in refs for st in r.steps]
+    assert steps[5].model_dump() == {"tool": "sort", "arguments": {"file_name": "final_report.pdf"}}
 
 
 def test_a_missing_wheel_names_the_command_that_fixes_it(tmp_path, monkeypatch):
@@ -113,7 +118,7 @@ def _flywheel(*args: str, cwd) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_the_suite_through_the_cli_show_export_validate_and_a_refused_rollout(wheel, entries, tmp_path):
+def test_the_suite_through_the_cli_show_export_validate(wheel, entries, tmp_path):
     kept, _ = entries
     shown = _flywheel("tasks", "show", "bfcl-multi-turn", "--n", "2", "--split", "heldout", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
@@ -130,8 +135,6 @@ def test_the_suite_through_the_cli_show_export_validate_and_a_refused_rollout(wh
     assert valid.returncode == 0 and valid.stdout.startswith("ok:"), valid.stderr
     many = _flywheel("tasks", "show", "bfcl-multi-turn", "--n", "500", "--split", "heldout", cwd=tmp_path)
     assert many.returncode == 2 and f"holds {len(kept)} loadable tasks" in many.stderr, many.stderr
-    gen = _flywheel("generate", "--suite", "bfcl-multi-turn", "--teacher", "reference", cwd=tmp_path)
-    assert gen.returncode == 2 and "cannot be rolled out yet" in gen.stderr and "Traceback" not in gen.stderr
 
 
 @pytest.mark.slow
@@ -149,3 +152,185 @@ def test_the_checker_and_the_classes_run_inside_a_sandbox(wheel, entries):
             del turns[0][0]
             got = bfcl.check_in_sandbox(e, turns, backend, wheel)
             assert got["valid"] is False and got["error_type"].startswith("multi_turn:"), (e["id"], got)
+
+
+# ------------------------------------------------------------------------------------------------ rollouts
+
+
+def _episode(task, backend, policy=None, **kw):
+    import asyncio
+
+    from agents.loop import run_episode
+    from agents.reference import ReferencePolicy
+
+    return asyncio.run(run_episode(task, policy or ReferencePolicy(), backend, run_id="t", **kw))
+
+
+@pytest.fixture(scope="module")
+def local():
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+
+    with open_backend(SandboxConfig(backend="local")) as be:
+        yield be
+
+
+def test_the_tools_are_bfcls_openai_schemas_of_the_tasks_functions(wheel):
+    from tasks.tools import parse_arguments, tool_schemas
+
+    t = bfcl.load_bfcl(1, wheel=wheel)[0]
+    schemas = tool_schemas(t.tools, t.tool_specs)
+    assert [s["function"]["name"] for s in schemas] == t.tools == [d["name"] for d in t.metadata["function_docs"]]
+    types = {"string", "integer", "number", "boolean", "array", "object"}
+    for s in schemas:
+        params = s["function"]["parameters"]
+        assert params["type"] == "object" and all(p["type"] in types for p in params["properties"].values()), s
+    for step in [st for r in [t.reference, *t.reference.later_turns] for st in r.steps]:
+        parse_arguments(step.tool, json.dumps(step.arguments), t.tool_specs)  # every reference call decodes
+    # a float parameter reads as BFCL offers it: number, format float, the note in its description
+    every = bfcl.openai_tools(wheel, bfcl.function_docs(wheel, [c for c, m in bfcl.api_imports(wheel).items()
+                                                                if not m]))
+    floats = [p for s in every for p in s["function"]["parameters"]["properties"].values()
+              if p.get("format") == "float"]
+    assert floats and all(p["type"] == "number" and p["description"].endswith("This is a float type value.")
+                          for p in floats)
+
+
+@pytest.mark.slow
+def test_reference_episodes_pass_and_see_bfcls_own_results(wheel, entries, local):
+    """The reference replays the ground truth through the real loop: each user turn arrives after the model ended
+    the one before, each call runs in the sandbox, and what the model sees is what BFCL's own execution returns."""
+    from tasks.tools import OBSERVATION_LIMIT
+
+    kept, _ = entries
+    utils = bfcl._import_from_wheel(wheel, "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils")
+    for task in bfcl.load_bfcl(6, wheel=wheel):
+        row = _episode(task, local)
+        assert row.verdict == "pass" and row.verifier == "bfcl" and row.verifier_strength == "bfcl", row.error_message
+        users = [m.content for m in row.messages if m.role == "user"]
+        assert users == [task.prompt, *task.later_turns]
+        before_user = [row.messages[i - 1] for i, m in enumerate(row.messages) if m.role == "user" and i > 1]
+        assert all(m.role == "assistant" and not m.tool_calls for m in before_user)
+        calls = [bfcl.call_string(tc.function.name, json.loads(tc.function.arguments))
+                 for m in row.messages if m.role == "assistant" for tc in m.tool_calls or []]
+        entry = next(e for e in kept if e["id"] == task.id)
+        want, _ = utils.execute_multi_turn_func_call(calls, entry["initial_config"], entry["involved_classes"],
+                                                     f"ref_{task.id}", task.id)
+        seen = [m.content for m in row.messages if m.role == "tool"]
+        assert seen == [w.strip()[:OBSERVATION_LIMIT] for w in want], task.id
+        details = json.loads(row.verifier_details_json)
+        assert details["checker"]["valid"] and sum(details["model_calls"], []) == calls
+        assert len(details["model_calls"]) == len(entry["ground_truth"])
+
+
+@pytest.mark.slow
+def test_a_policy_that_leaves_out_a_call_fails_on_bfcls_state_check(wheel, local):
+    """The real reference teacher, given a reference with one call left out (`mkdir temp` of task 0): the episode
+    runs to the end, and BFCL's checker, against the untouched ground truth, fails it on the state."""
+    task = bfcl.load_bfcl(1, wheel=wheel)[0]
+    ref = task.reference
+    assert ref.steps[1].model_dump() == {"tool": "mkdir", "arguments": {"dir_name": "temp"}}
+    broken = task.model_copy(update={"reference": ref.model_copy(update={"steps": [ref.steps[0], *ref.steps[2:]]})})
+    row = _episode(broken, local)
+    assert row.verdict == "fail" and row.reward == 0.0 and not row.success, row.error_message
+    checker = json.loads(row.verifier_details_json)["checker"]
+    assert checker["valid"] is False and checker["error_type"] == "multi_turn:instance_state_mismatch", checker
+    # a model that answers every turn without a call: BFCL's empty-turn failure
+    from agents.reference import ReferenceNoise, ReferencePolicy
+
+    silent = _episode(task, local, ReferencePolicy(noise=ReferenceNoise(no_tool=1.0)))
+    assert silent.verdict == "fail" and silent.n_tool_calls == 0 and silent.turns == 1 + len(task.later_turns)
+    assert json.loads(silent.verifier_details_json)["checker"]["error_type"] == "multi_turn:empty_turn_model_response"
+
+
+@pytest.mark.slow
+def test_max_turns_holds_per_user_turn(wheel, local):
+    """The reference answers each user turn with one message of that turn's calls and one final message: two
+    assistant turns a user turn pass max_turns=2 although the episode has more; max_turns=1 stops in turn 1."""
+    task = bfcl.load_bfcl(1, wheel=wheel)[0]
+    refs = [task.reference, *task.reference.later_turns]
+    assert all(r.steps for r in refs)
+    row = _episode(task, local, max_turns=2)
+    assert row.verdict == "pass" and row.turns == 2 * len(refs) > 2
+    assert [len(m.tool_calls) for m in row.messages if m.role == "assistant" and m.tool_calls] == [
+        len(r.steps) for r in refs]
+    short = _episode(task, local, max_turns=1)
+    assert short.verdict == "timeout" and short.error_class == "MaxTurns"
+    assert f"in user turn 1 of {len(refs)}" in short.error_message
+
+
+@pytest.mark.slow
+def test_generate_through_the_cli_gives_pass_rows_and_fail_rows(wheel, tmp_path):
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def gen(out, *extra):
+        return subprocess.run([FLYWHEEL_, "generate", "--suite", "bfcl-multi-turn", "--split", "heldout",
+                               "--n-tasks", "3", "--samples", "1", "--teacher", "reference", "--backend", "local",
+                               "--out", str(out), *extra], capture_output=True, text=True, cwd=tmp_path, env=env,
+                              timeout=600)
+
+    def verdicts(out):
+        q = subprocess.run([FLYWHEEL_, "sql", "--root", str(out), "--format", "json",
+                            "SELECT task_id, verdict, verifier_strength FROM trajectories ORDER BY task_id"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert q.returncode == 0, q.stderr
+        return json.loads(q.stdout)
+
+    quiet = "wrong_answer=0.0,malformed_call=0.0,exit_hack=0.0"
+    ok = gen(tmp_path / "ok", "--set", f"teacher.noise={{{quiet},no_tool=0.0}}")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    rows = verdicts(tmp_path / "ok")
+    assert [r["task_id"] for r in rows] == [f"multi_turn_base_{i}" for i in range(3)]
+    assert all(r["verdict"] == "pass" and r["verifier_strength"] == "bfcl" for r in rows), rows
+    # judged again from the stored rows alone: `flywheel verify` with the exported tasks
+    tasks_file, traj = tmp_path / "tasks.jsonl", tmp_path / "rows.jsonl"
+    for args in (["tasks", "export", "bfcl-multi-turn", str(tasks_file), "--n", "3", "--split", "heldout"],
+                 ["export", str(traj), "--root", str(tmp_path / "ok"), "--metadata", "--arguments", "string"]):
+        done = subprocess.run([FLYWHEEL_, *args], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    v = subprocess.run([FLYWHEEL_, "verify", "--trajectories", str(traj), "--tasks", str(tasks_file), "--backend",
+                        "local"], capture_output=True, text=True, env=env, timeout=300)
+    assert v.returncode == 0, v.stderr[-2000:]
+    assert [(r["verdict"], r["verifier_strength"]) for r in map(json.loads, v.stdout.splitlines())] == [
+        ("pass", "bfcl")] * 3
+    bad = gen(tmp_path / "bad", "--set", f"teacher.noise={{{quiet},no_tool=1.0}}")
+    assert bad.returncode == 0, bad.stderr[-2000:]
+    assert [r["verdict"] for r in verdicts(tmp_path / "bad")] == ["fail"] * 3
+    train = subprocess.run([FLYWHEEL_, "generate", "--suite", "bfcl-multi-turn", "--out", str(tmp_path / "train")],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert train.returncode == 2 and "every task is heldout" in train.stderr and "Traceback" not in train.stderr
+    assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_reference_episode_in_docker(wheel):
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+
+    task = bfcl.load_bfcl(2, wheel=wheel)[1]
+    with open_backend(SandboxConfig(backend="docker")) as be:
+        row = _episode(task, be)
+    assert row.verdict == "pass" and row.sandbox_backend == "docker", row.error_message
+
+
+@pytest.mark.slow
+def test_tasks_audit_on_bfcl(wheel, tmp_path):
+    """`flywheel tasks audit bfcl-multi-turn`: the oracle passes, the null agent fails, and every mutant (the
+    oracle's episode with one call left out) fails; the rows land in the lake's verifier_health table."""
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    a = subprocess.run([FLYWHEEL_, "tasks", "audit", "bfcl-multi-turn", "--split", "heldout", "--n", "2", "--k", "1",
+                        "--backend", "local", "--workers", "2", "--root", str(tmp_path)], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert "oracle passes 2/2; null agent passes 0/2; mutant kill rate 16/16 = 1.000" in a.stdout, a.stdout
+    q = subprocess.run([FLYWHEEL_, "sql", "--root", str(tmp_path), "--format", "json", "SELECT task_id, verifier, "
+                        "oracle_pass, null_pass, n_mutants FROM verifier_health ORDER BY task_id"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert json.loads(q.stdout) == [
+        {"task_id": "multi_turn_base_0", "verifier": "bfcl", "oracle_pass": True, "null_pass": False, "n_mutants": 10},
+        {"task_id": "multi_turn_base_1", "verifier": "bfcl", "oracle_pass": True, "null_pass": False, "n_mutants": 6}]

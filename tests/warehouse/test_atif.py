@@ -1,6 +1,7 @@
 """ATIF out and in: `flywheel export --format atif` writes one file per episode that satisfies the ATIF v1.8 field set
 read from the `harbor` package's own models (fetched with pip download --no-deps, never installed), and reading the
-files back gives the rows exactly, on a corpus of real episodes of every built-in suite."""
+files back gives the rows exactly, on a corpus of real episodes of every built-in suite, of the benchmark suites
+(BFCL multi-turn, HumanEval) and of the shipped Harbor suite (Docker)."""
 
 from __future__ import annotations
 
@@ -131,13 +132,12 @@ def _corpus() -> list[Trajectory]:
     return rows
 
 
-def test_export_atif_validates_and_round_trips_through_the_console_script(tmp_path, atif_spec):
+def _round_trip(rows: list[Trajectory], tmp_path: Path, atif_spec: dict) -> tuple[list[Path], dict[str, Trajectory]]:
+    """The rows into a lake, out through `flywheel export --format atif`, each file validated against the spec and
+    read back into exactly its stored row; the files and the stored rows by id."""
     from warehouse.lake import write_trajectories
     from warehouse.query import read_trajectories
 
-    rows = _corpus()
-    assert {r.suite for r in rows} == {"arithmetic", "code", "mathword"}
-    assert {"pass", "model_error"} <= {r.verdict for r in rows}
     lake = tmp_path / "lake"
     write_trajectories(str(lake), rows)
     stored = {r.trajectory_id: r for r in read_trajectories(str(lake))}
@@ -150,7 +150,7 @@ def test_export_atif_validates_and_round_trips_through_the_console_script(tmp_pa
     for f in files:
         doc = json.loads(f.read_text())
         validate(doc, atif_spec)
-        row, msgs, missing = atif_to_row(doc)
+        row, _, missing = atif_to_row(doc)
         want = stored[doc["trajectory_id"]]
         assert row is not None and row.model_dump() == want.model_dump(), doc["trajectory_id"]
         assert doc["extra"]["flywheel"]["task_id"] == want.task_id
@@ -160,6 +160,17 @@ def test_export_atif_validates_and_round_trips_through_the_console_script(tmp_pa
             assert [s["reasoning_content"] for s in agent] == [m.reasoning for m in want.messages if m.reasoning]
             assert all(s["metrics"]["prompt_token_ids"] == [7, 8, 9, 10] for s in agent)
         assert "tool_timings" in missing
+    return files, stored
+
+
+def test_export_atif_validates_and_round_trips_through_the_console_script(tmp_path, atif_spec):
+    from warehouse.query import read_trajectories
+
+    rows = _corpus()
+    assert {r.suite for r in rows} == {"arithmetic", "code", "mathword"}
+    assert {"pass", "model_error"} <= {r.verdict for r in rows}
+    files, stored = _round_trip(rows, tmp_path, atif_spec)
+    out = tmp_path / "atif"
     # the files as demonstrations: `flywheel demos import --format atif` (folder), each row saying what it lacks
     lake2 = tmp_path / "lake2"
     d = subprocess.run([FLYWHEEL, "demos", "import", str(out), "--format", "atif", "--root", str(lake2),
@@ -201,3 +212,64 @@ def test_malformed_arguments_and_null_content_survive():
     assert back is not None and back.model_dump() == row.model_dump()
     call = doc["steps"][2]["tool_calls"][0]
     assert call["arguments"] == {} and call["extra"]["arguments_json"] == '{"code": "pri'
+
+
+def _episodes(tasks, backend, policies) -> list[Trajectory]:
+    from agents.loop import run_episode
+
+    return [asyncio.run(run_episode(t, pol, backend, run_id="atif", sample_index=i))
+            for t in tasks for i, pol in enumerate(policies)]
+
+
+@pytest.mark.slow
+def test_benchmark_suites_round_trip_bfcl_multi_turn_and_humaneval(tmp_path, atif_spec):
+    """BFCL multi-turn episodes (later user turns between the agent's steps, the task's own tool schemas) and
+    HumanEval episodes, each passed and failed, round-trip exactly."""
+    from agents.reference import ReferenceNoise, ReferencePolicy
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+    from tasks import bfcl
+    from tasks.suites import load_suite
+
+    try:
+        bfcl.wheel_path()
+    except bfcl.BfclFetchFailed as e:
+        pytest.skip(str(e))
+    policies = [ReferencePolicy(), ReferencePolicy(noise=ReferenceNoise(no_tool=1.0))]
+    with open_backend(SandboxConfig(backend="local")) as be:
+        rows = (_episodes(load_suite("bfcl-multi-turn", 2, split="heldout"), be, policies)
+                + _episodes(load_suite("humaneval", 2), be, [ReferencePolicy(), ReferencePolicy(
+                    noise=ReferenceNoise(exit_hack=1.0))]))
+    assert {(r.suite, r.verdict) for r in rows} == {("bfcl-multi-turn", "pass"), ("bfcl-multi-turn", "fail"),
+                                                    ("humaneval", "pass"), ("humaneval", "hack")}
+    files, stored = _round_trip(rows, tmp_path, atif_spec)
+    multi = [json.loads(f.read_text()) for f in files if stored[json.loads(f.read_text())["trajectory_id"]].suite
+             == "bfcl-multi-turn"]
+    for doc in multi:
+        row = stored[doc["trajectory_id"]]
+        assert sum(st["source"] == "user" for st in doc["steps"]) == sum(m.role == "user" for m in row.messages) > 2
+        assert [t["function"]["name"] for t in doc["agent"]["tool_definitions"]] == [
+            t["function"]["name"] for t in json.loads(row.tools_json)]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_harbor_rows_round_trip(tmp_path, atif_spec):
+    """Episodes of the shipped Harbor suite in Docker (the oracle passes; an agent that answers without running
+    anything fails its tests) round-trip exactly."""
+    from agents.reference import ReferenceNoise, ReferencePolicy
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+    from tasks.harbor import shutdown
+    from tasks.suites import load_suite
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        with open_backend(SandboxConfig(backend="docker")) as be:
+            rows = _episodes(load_suite(str(root / "data" / "harbor"), 2), be,
+                             [ReferencePolicy(), ReferencePolicy(noise=ReferenceNoise(no_tool=1.0))])
+    finally:
+        shutdown()
+    assert {(r.verifier, r.verdict) for r in rows} == {("harbor", "pass"), ("harbor", "fail")}, [
+        (r.task_id, r.verdict, r.error_message) for r in rows]
+    _round_trip(rows, tmp_path, atif_spec)
