@@ -328,10 +328,10 @@ def grpo_rows(episodes: list[ScoredEpisode], advantages: list[float], *, step: i
     """One generation batch of GRPO as lake rows (agents.loop.episode_row, the loop's row builder): source
     student, stage grpo, `grpo_step` = optimizer steps taken before the batch was generated, `group_id` per
     prompt's `num_generations` consecutive generations (TRL's grouping), `advantage` exactly as TRL computed it
-    (0 for a generation left out of the reward), reward what TRL got (a hack 0; where TRL got None, the row's
-    own: infra_error rows are never scored, a verdict at an untrusted strength says so in error_class WeakVerdict). The sample index is the position in the step's batch, and
-    the id's key holds the step, so a seeded re-run of the same training writes the same ids (the lake skips
-    them)."""
+    (0 for a generation left out of the reward), reward what TRL got (a hack 0; where TRL got None, the row's own:
+    infra_error rows are never scored, a verdict at an untrusted strength says so in error_class WeakVerdict).
+    The sample index is the position in the step's batch, and the id's key holds the step, so a seeded re-run of
+    the same training writes the same ids (the lake skips them)."""
     if len(episodes) != len(advantages):
         raise ValueError(f"{len(episodes)} scored episodes but {len(advantages)} advantages in GRPO step {step}")
     return [
