@@ -107,7 +107,7 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
         with open_backend(cfg.sandbox, pool_size=min(cfg.rollout.concurrency, 8)) as backend:
             res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend, rewards=cfg.rewards,
                              thresholds=cfg.diagnostics,
-                             episode_log=EpisodeLog(root, run_id, round, policy=f"student-r{round}-grpo"))
+                             episode_log=EpisodeLog(root, run_id, round, policy=f"grpo-r{round}"))
     metrics = {"reward_first": res.rewards[0] if res.rewards else None,
                "reward_last": res.rewards[-1] if res.rewards else None, "steps": res.steps,
                "hacks_with_positive_reward": res.hacks_with_positive_reward, "wall_s": res.total_s,

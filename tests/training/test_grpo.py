@@ -82,8 +82,8 @@ def test_seeded_grpo_repeats_its_loss_sequence(warm_student, backend, tmp_path):
 
 
 def _sql(lake, q):
-    p = subprocess.run([FLYWHEEL, "sql", "--root", str(lake), "--format", "json", q], capture_output=True, text=True, check=False,
-                       env=os.environ, timeout=120)
+    p = subprocess.run([FLYWHEEL, "sql", "--root", str(lake), "--format", "json", q], capture_output=True, text=True,
+                       check=False, env=os.environ, timeout=120)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
