@@ -20,7 +20,9 @@ calls them when the model emits tool calls. Here:
   closes the sandbox. A hack scores 0 whatever else it did; an infrastructure failure scores None (TRL leaves it
   out) and is counted, never 0.
   With `strengths` set (GRPOConfig.reward_strengths), a verdict reached on another path (an `isolated` test run
-  when only `data` is trusted) scores None too, counted as `weak_verdict`.
+  when only `data` is trusted) scores None too, counted as `weak_verdict`. It keeps the batch's episodes
+  (`last_episodes`, `ScoredEpisode`), which `grpo_rows` turns into lake rows with TRL's advantages, through the
+  episode loop's row builder (agents.loop.episode_row).
 
 This module does not start training (grpo.py) or choose tasks.
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agents.loop import episode_model_error, episode_row
@@ -235,7 +237,6 @@ class ScoredEpisode:
     sandbox_image: str | None = None
     n_tool_calls: int = 0
     turns: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class EpisodeReward:
