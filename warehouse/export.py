@@ -337,8 +337,9 @@ def preference_pairs(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any
                 skipped += 1
         ok = [r for r in groups[key] if r["trajectory_id"] in rendered]
         chosen = [r for r in ok if r["verdict"] == "pass" and not r.get("hack_flags")]
-        rejected = sorted((r for r in ok if r not in chosen),
-                          key=lambda r: REJECT_ORDER.index(r["verdict"]) if r["verdict"] in REJECT_ORDER else 0)
+        chosen_ids = {r["trajectory_id"] for r in chosen}
+        rejected = sorted((r for r in ok if r["trajectory_id"] not in chosen_ids and r["verdict"] in REJECT_ORDER),
+                          key=lambda r: REJECT_ORDER.index(r["verdict"]))
         used = 0
         for c, j in zip(chosen, rejected):
             (cp, cc), (rp, rc) = rendered[c["trajectory_id"]], rendered[j["trajectory_id"]]
