@@ -62,10 +62,10 @@ def test_seeded_grpo_repeats_its_loss_sequence(warm_student, backend, tmp_path):
     lake = tmp_path / "lake"
     t0 = time.perf_counter()
     a = train_grpo(warm_student, tasks, tmp_path / "a", cfg, backend=backend, rewards=rewards, progress=False,
-                   episode_log=EpisodeLog(str(lake), "grpo-test", 1, policy="student-r1-grpo"))
+                   episode_log=EpisodeLog(str(lake), "grpo-test", 1, policy="grpo-r1"))
     # the same run again (a resumed stage starts over): the same episodes, the same ids, no new rows
     b = train_grpo(warm_student, tasks, tmp_path / "b", cfg, backend=backend, rewards=rewards, progress=False,
-                   episode_log=EpisodeLog(str(lake), "grpo-test", 1, policy="student-r1-grpo"))
+                   episode_log=EpisodeLog(str(lake), "grpo-test", 1, policy="grpo-r1"))
     print(f"two seeded GRPO runs of {cfg.max_steps} steps: {time.perf_counter() - t0:.1f}s; losses {a.losses}; "
           f"rewards {a.rewards}; verdicts {a.verdicts}")
     assert len(a.losses) == 2 and a.losses == b.losses and a.rewards == b.rewards
