@@ -330,17 +330,47 @@ async def run_episode(
         verdict, error_class, error_message = "infra_error", type(e).__name__, str(e) or repr(e)
     await _close(ep.sandbox, executor)
 
-    sandbox_backend = ep.sandbox.backend if ep.sandbox is not None else backend.name
-    sandbox_image = ep.sandbox.image if ep.sandbox is not None else getattr(backend, "image", None)
+    return episode_row(
+        task, messages, tools, run_id=run_id, round=round, sample_index=sample_index, source=policy.source,
+        policy=policy.name, endpoint=policy.endpoint, sampling=policy.sampling, verdict=verdict, outcome=outcome,
+        error_class=error_class, error_message=error_message,
+        sandbox_backend=ep.sandbox.backend if ep.sandbox is not None else backend.name,
+        sandbox_image=ep.sandbox.image if ep.sandbox is not None else getattr(backend, "image", None),
+        turns=ep.turns, n_tool_calls=ep.n_tool_calls, prompt_tokens=ep.prompt_tokens,
+        completion_tokens=ep.completion_tokens, cost_usd=ep.cost_usd, latency_ms=(time.perf_counter() - t0) * 1000.0,
+        completion_token_ids=ep.token_ids if ep.any_token_ids else None,
+        completion_logprobs=ep.logprobs if ep.any_logprobs else None,
+        prompt_token_ids=ep.prompt_ids if ep.any_prompt_ids else None, chat_template_hash=ep.template_hash,
+        model_version=ep.model_version)
+
+
+def episode_row(task: Task, messages: list[Message], tools: list[dict[str, Any]], *, run_id: str, round: int,
+                sample_index: int, source: str, policy: str, verdict: str, outcome: Outcome | None = None,
+                endpoint: str | None = None, sampling: dict[str, Any] | None = None, error_class: str | None = None,
+                error_message: str | None = None, sandbox_backend: str | None = None,
+                sandbox_image: str | None = None, turns: int = 0, n_tool_calls: int = 0, prompt_tokens: int = 0,
+                completion_tokens: int = 0, cost_usd: float = 0.0, latency_ms: float = 0.0,
+                completion_token_ids: list[list[int]] | None = None,
+                completion_logprobs: list[list[float]] | None = None,
+                prompt_token_ids: list[list[int]] | None = None, chat_template_hash: str | None = None,
+                stage: str = "rollout",
+                grpo_step: int | None = None, group_id: str | None = None, advantage: float | None = None,
+                reward: float | None = None, model_version: str | None = None) -> Trajectory:
+    """The one row builder of an episode: the loop's (`run_episode`) and GRPO's (training.environment).
+
+    The id is warehouse.record.trajectory_id of (run, round, task, policy, sample index[, stage, grpo step]).
+    Reward and success come from `outcome` when its verdict is the row's verdict (a scored final answer), else
+    0 / False; `reward` overrides the reward (GRPO's: a hack scores 0 whatever the verifier said).
+    """
     scored = outcome is not None and verdict == outcome.verdict
     return Trajectory(
-        trajectory_id=trajectory_id(run_id, round, task.id, policy.name, sample_index),
+        trajectory_id=trajectory_id(run_id, round, task.id, policy, sample_index, stage=stage, grpo_step=grpo_step),
         run_id=run_id,
         round=round,
-        source=policy.source,
-        policy=policy.name,
-        endpoint=policy.endpoint,
-        sampling_json=json.dumps(policy.sampling, sort_keys=True, default=str),
+        source=source,  # type: ignore[arg-type]
+        policy=policy,
+        endpoint=endpoint,
+        sampling_json=json.dumps(sampling or {}, sort_keys=True, default=str),
         sample_index=sample_index,
         task_id=task.id,
         suite=task.suite,
@@ -355,23 +385,27 @@ async def run_episode(
         messages=messages,
         tools_json=json.dumps(tools),  # as offered: key order is part of the prompt the model saw
         answer=outcome.answer if outcome else extract_answer(messages),
-        reward=outcome.reward if scored and outcome else 0.0,
+        reward=reward if reward is not None else (outcome.reward if scored and outcome else 0.0),
         success=bool(outcome.success) if scored and outcome else False,
         verdict=verdict,  # type: ignore[arg-type]
         hack_flags=list(outcome.hack_flags) if outcome else [],
         reward_terms_json=json.dumps(outcome.reward_terms if outcome else {}, sort_keys=True),
         verifier_details_json=json.dumps(outcome.details if outcome else {}, sort_keys=True, default=str),
-        turns=ep.turns,
-        n_tool_calls=ep.n_tool_calls,
-        prompt_tokens=ep.prompt_tokens,
-        completion_tokens=ep.completion_tokens,
-        cost_usd=ep.cost_usd,
-        latency_ms=(time.perf_counter() - t0) * 1000.0,
-        completion_token_ids=ep.token_ids if ep.any_token_ids else None,
-        completion_logprobs=ep.logprobs if ep.any_logprobs else None,
-        prompt_token_ids=ep.prompt_ids if ep.any_prompt_ids else None,
-        chat_template_hash=ep.template_hash,
-        model_version=ep.model_version,
+        turns=turns,
+        n_tool_calls=n_tool_calls,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost_usd=cost_usd,
+        latency_ms=latency_ms,
+        completion_token_ids=completion_token_ids,
+        completion_logprobs=completion_logprobs,
+        prompt_token_ids=prompt_token_ids,
+        chat_template_hash=chat_template_hash,
+        model_version=model_version,
+        stage=stage,  # type: ignore[arg-type]
+        grpo_step=grpo_step,
+        group_id=group_id,
+        advantage=advantage,
         error_class=error_class,
         error_message=(error_message or "")[:MAX_ERROR_MESSAGE] or None,
     )

@@ -1,12 +1,12 @@
 """Curriculum: pass@k history per task across rounds, and the next round's teacher and GRPO tasks.
 
-History comes from the lake's trajectories view (train split, scored verdicts only: an infra_error says nothing
-about the model), per task, round and source. The next round's teacher tasks are those the student fails (its
-success rate in the latest round it attempted the task is below a threshold, or it never attempted it); GRPO
-tasks are those whose student outcomes were mixed, since a task always passed or always failed gives every
-sample the same reward and so zero advantage; and GRPO leaves out tasks whose latest `flywheel tasks audit` row is
-unhealthy by cfg.verifier_health (grpo_dropped: "unhealthy_verifier: REASON"), since a broken verifier's reward
-teaches the wrong thing. This module writes nothing.
+History comes from the lake's trajectories view (train split, rollouts only -- not GRPO's own episodes --, scored
+verdicts only: an infra_error says nothing about the model), per task, round and source. The next round's teacher
+tasks are those the student fails (its success rate in the latest round it attempted the task is below a
+threshold, or it never attempted it); GRPO tasks are those whose student outcomes were mixed, since a task always
+passed or always failed gives every sample the same reward and so zero advantage; and GRPO leaves out tasks whose
+latest `flywheel tasks audit` row is unhealthy by cfg.verifier_health (grpo_dropped: "unhealthy_verifier:
+REASON"), since a broken verifier's reward teaches the wrong thing. This module writes nothing.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def pass_history(root: str, *, run_id: str, k: int = 4, upto_round: int | None =
         sql = (
             "SELECT task_id, suite, CAST(round AS INTEGER) AS round, source, COUNT(*) AS n, "
             "SUM(CASE WHEN verdict = 'pass' THEN 1 ELSE 0 END) AS c FROM trajectories "
-            "WHERE run_id = ? AND split = 'train' AND list_contains(?::VARCHAR[], verdict)"
+            "WHERE run_id = ? AND split = 'train' AND list_contains(?::VARCHAR[], verdict) "
+            "AND coalesce(stage, 'rollout') = 'rollout'"
             + (" AND CAST(round AS INTEGER) <= ?" if upto_round is not None else "")
             + " GROUP BY ALL ORDER BY task_id, round, source"
         )

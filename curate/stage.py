@@ -2,7 +2,8 @@
 
 `curate` is the plain function the `flywheel curate` command and the Prefect flow call. In order it
   1. imports the configured human demonstrations (idempotent; invalid records are counted, not fatal),
-  2. reads the run's candidate rows (this round, and earlier rounds unless configured otherwise),
+  2. reads the run's candidate rows (this round, and earlier rounds unless configured otherwise; rollouts only:
+     GRPO's own episodes, stage grpo, are data for preference exports, not SFT candidates),
   3. drops rows already trained on in an earlier round's snapshot (reuse_sources excepted), then the rows of tasks
      whose verifier is unhealthy by their latest `flywheel tasks audit` row (curate/health.py; outcome
      unhealthy_verifier, each such task named with its reason in `skipped_tasks`; with require_audit, rows of
@@ -99,7 +100,7 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
     try:
         op = "<=" if cfg.include_earlier_rounds else "="
         candidates = _read(con, f"SELECT * FROM trajectories WHERE run_id = ? AND CAST(round AS INTEGER) {op} ? "
-                                "ORDER BY trajectory_id", [run_id, round])
+                                "AND coalesce(stage, 'rollout') = 'rollout' ORDER BY trajectory_id", [run_id, round])
         earlier = ("SELECT DISTINCT m.trajectory_id FROM manifests m JOIN datasets d USING (snapshot_id) "
                    "WHERE d.run_id = ? AND d.round < ?")
         prior = _read(con, f"SELECT * FROM trajectories WHERE trajectory_id IN ({earlier}) ORDER BY trajectory_id",

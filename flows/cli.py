@@ -348,8 +348,11 @@ def export(
     root: Root = "runs/default",
     snapshot: Annotated[Optional[str], typer.Option(help="Export exactly this curated snapshot's rows and weights "
                                                          "(from `flywheel curate`): what training should read.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools), datasets, or atif "
-                                                             "(one ATIF v1.8 file per episode).")] = "jsonl",
+    format: Annotated[str, typer.Option("--format", "-f", help="jsonl (TRL messages+tools), datasets, atif "
+                                                             "(one ATIF v1.8 file per episode), dpo (TRL "
+                                                             "prompt/chosen/rejected: a pass paired with a hack or "
+                                                             "fail of the same task, round and policy) or kto "
+                                                             "(prompt/completion/label of those pairs).")] = "jsonl",
     arguments: Annotated[Optional[str], typer.Option(help="Tool-call arguments: object (what chat templates "
                                                            "expect; jsonl default) or string (the OpenAI wire "
                                                            "form; datasets default).")] = None,
@@ -362,8 +365,8 @@ def export(
     run_id: Annotated[Optional[list[str]], typer.Option("--run-id", help="Keep these runs (repeatable).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
 ) -> None:
-    """Export a curated snapshot (--snapshot) or lake rows to JSONL in TRL's messages-plus-tools format or to a
-    datasets folder."""
+    """Export a curated snapshot (--snapshot) or lake rows to JSONL in TRL's messages-plus-tools format, a
+    datasets folder or ATIF; or preference data (dpo, kto JSONL) with the rejected episode's reason codes."""
     from warehouse.export import export_command, export_snapshot
 
     if arguments not in (None, "object", "string"):
@@ -371,6 +374,9 @@ def export(
     args_as = arguments or ("string" if format == "datasets" else "object")
     filters = {"--where": where, "--verdict": verdict, "--suite": suite, "--split": split, "--source": source,
                "--run-id": run_id}
+    if snapshot is not None and format in ("dpo", "kto"):
+        raise UsageError(f"--format {format} pairs episodes of the lake (passes with hacks and failures, which a "
+                         "snapshot has filtered out); drop --snapshot and select with --run-id / --where")
     if snapshot is not None:
         used = [k for k, v in filters.items() if v]
         if used:
@@ -385,7 +391,8 @@ def export(
     res = export_command(_lake_root(root), out, format, where, verdict=verdict, suite=suite, split=split,
                          source=source, run_id=run_id, arguments_as=args_as,  # type: ignore[arg-type]
                          metadata=metadata, overwrite=overwrite)
-    print(f"wrote {res.n_rows} rows to {res.path} ({res.fmt})")
+    left = f"; {res.skipped} episodes without a partner left out" if res.fmt in ("dpo", "kto") else ""
+    print(f"wrote {res.n_rows} rows to {res.path} ({res.fmt}{left})")
 
 
 @app.command()

@@ -15,7 +15,7 @@ import tomllib
 import typing
 import zoneinfo
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -244,6 +244,13 @@ class FlywheelSection(BaseModel):
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
     grpo_max_tasks: int = Field(default=64, gt=0, description="At most this many GRPO tasks per round.")
+    promote: Literal["grpo_unless_worse", "grpo", "sft"] = Field(
+        default="grpo_unless_worse", description="In a round with GRPO, which checkpoint goes on (scored as the "
+        "student, rolls out, seeds the next round), after both are scored on the held-out split: "
+        "'grpo_unless_worse' keeps GRPO's unless its held-out sampled pass@1 is below SFT's by more than "
+        "promote_margin; 'grpo' or 'sft' always that one.")
+    promote_margin: float = Field(default=0.05, ge=0, le=1, description="The noise margin of 'grpo_unless_worse' "
+                                                                        "on held-out sampled pass@1 (absolute).")
 
 
 class StudentConfig(BaseModel):

@@ -3,16 +3,18 @@
 Round 0 builds (or names) the base student, imports human demos and scores the base and the teacher on the
 held-out split. Round r (1..N): the teacher rolls out on the curriculum's train tasks; curation mixes teacher
 rows, demos and the earlier student's successes into snapshot r; SFT from the previous student (or the base),
-then GRPO on the tasks that still give signal; the new student is scored on the held-out split of every suite of
-the schedule and rolls out on the train tasks (its successes enter round r+1 as source student); the mismatch
-panel compares those rollouts' logprobs with the trainer's (flows/train.py `stage_mismatch`) and a crossed
-`[mismatch]` threshold keeps the previous student for round r+1 (a warning names it); metrics land in the rounds
-table and the report is rebuilt. The teacher's rollouts on the suites that join round r+1 need no
-student, so they run in a low-priority child process while round r trains (`flywheel.teacher_ahead`; SFT holds
-one core, they use the other); round r+1's teacher stage finds them written and adds only the tasks the student
-still fails. Training stages hold the `flywheel-gpu` slot and every rollout its `flywheel-sandbox` slots, as in
-`flywheel generate`, so round r's student rollouts wait for the ahead rollouts' slots when both together need
-more than `limits.sandbox_slots`.
+then GRPO on the tasks that still give signal; in a round with GRPO, the SFT-only control scores the SFT and the
+GRPO checkpoint on the held-out split and `[flywheel] promote` picks the one that goes on (the choice and its
+reason logged, in the rounds table and the ledger); the new student is scored on the held-out split of every
+suite of the schedule (the control's scores, when it ran) and rolls out on the train tasks (its successes enter
+round r+1 as source student); the mismatch panel compares those rollouts' logprobs with the trainer's
+(flows/train.py `stage_mismatch`) and a crossed `[mismatch]` threshold keeps the previous student for round r+1
+(a warning names it); metrics land in the rounds table and the report is rebuilt. The teacher's
+rollouts on the suites that join round r+1 need no student, so they run in a low-priority child process while
+round r trains (`flywheel.teacher_ahead`; SFT holds one core, they use the other); round r+1's teacher stage finds
+them written and adds only the tasks the student still fails. Training stages hold the `flywheel-gpu` slot and
+every rollout its `flywheel-sandbox` slots, as in `flywheel generate`, so round r's student rollouts wait for the
+ahead rollouts' slots when both together need more than `limits.sandbox_slots`.
 
 Every stage records itself in the ledger (flows/stages.py) when its outputs are durable; `--resume RUN_ID`
 skips finished stages. Each stage's Prefect task lives in its stage flow: the teacher in flows/generate.py,
@@ -36,7 +38,7 @@ from pydantic import BaseModel, Field
 from flows.artifacts import viewer_links
 from flows.config import FlywheelConfig, SuiteStep
 from flows.curate import stage_curate
-from flows.evaluate import stage_baseline, stage_student
+from flows.evaluate import stage_baseline, stage_control, stage_student
 from flows.generate import new_run_id, stage_teacher, teacher_ahead_process
 from flows.rollouts import check_teacher_and_sandbox, preflight_once
 from flows.stages import Ledger
@@ -138,10 +140,18 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
             promoted = student
             sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=student,
                                                    snapshot_id=snap["snapshot_id"]))
-            student = sft
+            student, scored = sft, None
             if cfg.flywheel.grpo:
-                student = _stage(ledger, r, "grpo", partial(stage_grpo, cfg=cfg, run_id=run_id, round=r, parent=sft))
-            _stage(ledger, r, "student", partial(stage_student, cfg=cfg, run_id=run_id, round=r, student=student))
+                grpo = _stage(ledger, r, "grpo", partial(stage_grpo, cfg=cfg, run_id=run_id, round=r, parent=sft))
+                if "skipped" in grpo:
+                    logger.info("round %d GRPO skipped (%s): SFT's checkpoint goes on", r, grpo["skipped"])
+                else:
+                    ctrl = _stage(ledger, r, "control", partial(stage_control, cfg=cfg, run_id=run_id, round=r,
+                                                                sft=sft, grpo=grpo))
+                    logger.info("round %d promotes %s: %s", r, ctrl["promoted"], ctrl["reason"])
+                    student, scored = (grpo if ctrl["promoted"] == "grpo" else sft), ctrl["student_metrics"]
+            _stage(ledger, r, "student", partial(stage_student, cfg=cfg, run_id=run_id, round=r, student=student,
+                                                 scored=scored))
             student = _promote(ledger, cfg, run_id, r, student, promoted)
         finally:
             if ahead is not None:

@@ -91,7 +91,7 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
     most flywheel.grpo_max_tasks); `parent` comes back unchanged when no task gives signal."""
     from curate.curriculum import plan_curriculum
     from sandbox.backend import open_backend
-    from training.grpo import train_grpo
+    from training.grpo import EpisodeLog, train_grpo
     from training.registry import model_dir, register_checkpoint
     from warehouse.lake import write_rows
 
@@ -109,11 +109,12 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
     with gpu_slot(cfg.limits):
         with open_backend(cfg.sandbox, pool_size=min(cfg.rollout.concurrency, 8)) as backend:
             res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend, rewards=cfg.rewards,
-                             thresholds=cfg.diagnostics)
+                             thresholds=cfg.diagnostics,
+                             episode_log=EpisodeLog(root, run_id, round, policy=f"grpo-r{round}"))
     metrics = {"reward_first": res.rewards[0] if res.rewards else None,
                "reward_last": res.rewards[-1] if res.rewards else None, "steps": res.steps,
                "hacks_with_positive_reward": res.hacks_with_positive_reward, "wall_s": res.total_s,
-               "warnings": res.warnings}
+               "warnings": res.warnings, "episode_rows": res.rows_written}
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="grpo", path=res.checkpoint_path,
                              parent_id=parent["checkpoint_id"], metrics=metrics)
     rows = [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]

@@ -21,7 +21,9 @@ calls them when the model emits tool calls. Here:
   closes the sandbox. A hack scores 0 whatever else it did; an infrastructure failure scores None (TRL leaves it
   out) and is counted, never 0.
   With `strengths` set (GRPOConfig.reward_strengths), a verdict reached on another path (an `isolated` test run
-  when only `data` is trusted) scores None too, counted as `weak_verdict`.
+  when only `data` is trusted) scores None too, counted as `weak_verdict`. It keeps the batch's episodes
+  (`last_episodes`, `ScoredEpisode`), which `grpo_rows` turns into lake rows with TRL's advantages, through the
+  episode loop's row builder (agents.loop.episode_row).
 
 This module does not start training (grpo.py) or choose tasks.
 """
@@ -31,15 +33,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any
 
-from agents.loop import episode_model_error
+from agents.loop import episode_model_error, episode_row
 from agents.transformers_policy import completion_text
 from sandbox.result import Backend, Sandbox, SandboxError
 from tasks.spec import Task
 from tasks.tools import observation, run_tool, tool_schemas
 from warehouse import chat
-from warehouse.record import Message
+from warehouse.record import Message, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +225,28 @@ def completion_messages(completion: list[dict[str, Any]], *, start: int = 0) -> 
     return out
 
 
+@dataclass
+class ScoredEpisode:
+    """One GRPO generation as the reward function judged it: what `grpo_rows` turns into a lake row."""
+
+    task: Task
+    messages: list[Message]
+    verdict: str
+    reward: float | None = None  # what TRL got: None = left out (infra, untrusted strength)
+    outcome: Any = None  # tasks.verify.Outcome when the verifier ran
+    error_class: str | None = None
+    error_message: str | None = None
+    sandbox_backend: str | None = None
+    sandbox_image: str | None = None
+    n_tool_calls: int = 0
+    turns: int = 0
+
+
 class EpisodeReward:
     """TRL reward function: verify + forensics on the rebuilt episode; hack -> 0; infra failure -> None.
 
-    Keeps counts (`stats`) and the last batch's verdicts (`last_verdicts`) for diagnostics and tests.
+    Keeps counts (`stats`), the last batch's verdicts (`last_verdicts`) for diagnostics and tests, and the last
+    batch's episodes (`last_episodes`, in TRL's batch order) for the rows GRPO writes (`grpo_rows`).
     """
 
     __name__ = "verifier"
@@ -238,61 +259,93 @@ class EpisodeReward:
         self.stats = {"episodes": 0, "pass": 0, "fail": 0, "hack": 0, "model_error": 0, "infra": 0,
                       "hack_positive": 0, "weak_verdict": 0}
         self.last_verdicts: list[str] = []
+        self.last_episodes: list[ScoredEpisode] = []
         self.history: list[dict[str, Any]] = []
 
     def __call__(self, prompts: list, completions: list, environments: list | None = None, **kw: Any) -> list:
-        from tasks.verify import verify
-
         if environments is None:
             raise EnvironmentError_("EpisodeReward needs TRL environments (pass environment_factory to GRPOTrainer)")
-        rewards: list[float | None] = []
         self.last_verdicts = []
+        self.last_episodes = []
         for prompt, completion, env in zip(prompts, completions, environments, strict=True):
-            self.stats["episodes"] += 1
-            task: Task = env.task
             msgs = [chat.from_chat(m, turn=i) for i, m in enumerate(prompt)]
             msgs += completion_messages(completion if isinstance(completion, list) else
                                         [{"role": "assistant", "content": completion}], start=len(msgs))
-            if env.infra_error:
-                self.stats["infra"] += 1
-                self.last_verdicts.append("infra_error")
-                rewards.append(None)
-                env._close()
-                continue
-            if episode_model_error(msgs, list(task.tools)) is not None:
-                self.stats["model_error"] += 1
-                self.last_verdicts.append("model_error")
-                self.history.append({"task_id": task.id, "verdict": "model_error", "reward": 0.0, "hack_flags": []})
-                rewards.append(0.0)
-                env._close()
-                continue
-            try:
-                kwargs: dict[str, Any] = {"backend": self.backend}
-                if task.verifier.kind == "unit_tests":
-                    kwargs["workspace"] = env._workspace()
-                if self.rewards is not None:
-                    kwargs["rewards"] = self.rewards
-                outcome = verify(task, msgs, **kwargs)
-            except Exception as e:  # the verifier's infrastructure failed: never a 0 for the model  # noqa: BLE001
-                log.warning("verifier failed on %s: %s: %s", task.id, type(e).__name__, e)
-                self.stats["infra"] += 1
-                self.last_verdicts.append("infra_error")
-                rewards.append(None)
-                env._close()
-                continue
+            sb = env.sandbox
+            ep = self._score(env, msgs)
+            ep.sandbox_backend = sb.backend if sb is not None else getattr(self.backend, "name", None)
+            ep.sandbox_image = sb.image if sb is not None else getattr(self.backend, "image", None)
+            ep.n_tool_calls = env.n_tool_calls
+            ep.turns = sum(1 for m in msgs if m.role == "assistant")
             env._close()
-            if self.strengths is not None and outcome.verifier_strength not in self.strengths:
-                self.stats["weak_verdict"] += 1  # judged by a path the config does not trust for rewards: left out
-                self.last_verdicts.append("weak_verdict")
-                rewards.append(None)
-                continue
-            reward = 0.0 if (outcome.verdict == "hack" or outcome.hack_flags) else float(outcome.reward)
-            verdict = "hack" if outcome.hack_flags else outcome.verdict
-            self.stats[verdict if verdict in ("pass", "fail", "hack") else "fail"] += 1
-            if verdict == "hack" and outcome.reward > 0:
-                self.stats["hack_positive"] += 1  # verify gave a hack a positive reward: we still score it 0
-            self.last_verdicts.append(verdict)
-            self.history.append({"task_id": task.id, "verdict": verdict, "reward": reward,
-                                 "hack_flags": list(outcome.hack_flags)})
-            rewards.append(reward)
-        return rewards
+            self.last_verdicts.append("weak_verdict" if ep.error_class == "WeakVerdict" else ep.verdict)
+            self.last_episodes.append(ep)
+        return [ep.reward for ep in self.last_episodes]
+
+    def _score(self, env: Any, msgs: list[Message]) -> ScoredEpisode:
+        """Judge one rebuilt episode (the sandbox is still open: a code task's workspace is read from it)."""
+        from tasks.verify import verify
+
+        self.stats["episodes"] += 1
+        task: Task = env.task
+        if env.infra_error:
+            self.stats["infra"] += 1
+            return ScoredEpisode(task, msgs, "infra_error", None, error_class="SandboxInfraError",
+                                 error_message=env.infra_error)
+        err = episode_model_error(msgs, list(task.tools))
+        if err is not None:
+            self.stats["model_error"] += 1
+            self.history.append({"task_id": task.id, "verdict": "model_error", "reward": 0.0, "hack_flags": []})
+            return ScoredEpisode(task, msgs, "model_error", 0.0, error_class=type(err).__name__,
+                                 error_message=str(err))
+        try:
+            kwargs: dict[str, Any] = {"backend": self.backend}
+            if task.verifier.kind == "unit_tests":
+                kwargs["workspace"] = env._workspace()
+            if self.rewards is not None:
+                kwargs["rewards"] = self.rewards
+            outcome = verify(task, msgs, **kwargs)
+        except Exception as e:  # the verifier's infrastructure failed: never a 0 for the model  # noqa: BLE001
+            log.warning("verifier failed on %s: %s: %s", task.id, type(e).__name__, e)
+            self.stats["infra"] += 1
+            return ScoredEpisode(task, msgs, "infra_error", None, error_class=type(e).__name__,
+                                 error_message=f"verifier {task.verifier.kind!r} failed: {type(e).__name__}: {e}")
+        verdict = "hack" if outcome.hack_flags else outcome.verdict
+        reward = 0.0 if (outcome.verdict == "hack" or outcome.hack_flags) else float(outcome.reward)
+        if self.strengths is not None and outcome.verifier_strength not in self.strengths:
+            self.stats["weak_verdict"] += 1  # judged by a path the config does not trust for rewards: left out
+            return ScoredEpisode(task, msgs, verdict, None, outcome=outcome, error_class="WeakVerdict",
+                                 error_message=f"judged at strength {outcome.verifier_strength!r}; "
+                                               f"grpo.reward_strengths trusts only {list(self.strengths)}: "
+                                               "left out of GRPO's reward")
+        self.stats[verdict if verdict in ("pass", "fail", "hack") else "fail"] += 1
+        if verdict == "hack" and outcome.reward > 0:
+            self.stats["hack_positive"] += 1  # verify gave a hack a positive reward: we still score it 0
+        self.history.append({"task_id": task.id, "verdict": verdict, "reward": reward,
+                             "hack_flags": list(outcome.hack_flags)})
+        return ScoredEpisode(task, msgs, verdict, reward, outcome=outcome)
+
+
+def grpo_rows(episodes: list[ScoredEpisode], advantages: list[float], *, step: int, num_generations: int,
+              run_id: str, round: int, policy: str, sampling: dict[str, Any],
+              model_version: str | None = None) -> list[Trajectory]:
+    """One generation batch of GRPO as lake rows (agents.loop.episode_row, the loop's row builder): source
+    student, stage grpo, `grpo_step` = optimizer steps taken before the batch was generated, `group_id` per
+    prompt's `num_generations` consecutive generations (TRL's grouping), `advantage` exactly as TRL computed it
+    (0 for a generation left out of the reward), reward what TRL got (a hack 0; where TRL got None, the row's own:
+    infra_error rows are never scored, a verdict at an untrusted strength says so in error_class WeakVerdict).
+    The sample index is the position in the step's batch, and the id's key holds the step, so a seeded re-run of
+    the same training writes the same ids (the lake skips them)."""
+    if len(episodes) != len(advantages):
+        raise ValueError(f"{len(episodes)} scored episodes but {len(advantages)} advantages in GRPO step {step}")
+    return [
+        episode_row(
+            ep.task, ep.messages, tool_schemas(list(ep.task.tools)), run_id=run_id, round=round, sample_index=i,
+            source="student", policy=policy, sampling=sampling, verdict=ep.verdict, outcome=ep.outcome,
+            reward=ep.reward if ep.reward is not None else (0.0 if ep.verdict == "hack" else None),
+            error_class=ep.error_class,
+            error_message=ep.error_message, sandbox_backend=ep.sandbox_backend, sandbox_image=ep.sandbox_image,
+            turns=ep.turns, n_tool_calls=ep.n_tool_calls, stage="grpo", grpo_step=step,
+            group_id=f"{run_id}-r{round}-s{step}-g{i // num_generations}", advantage=float(adv),
+            model_version=model_version)
+        for i, (ep, adv) in enumerate(zip(episodes, advantages, strict=True))]

@@ -11,6 +11,9 @@ the probability of its own rewarded and unrewarded completions) unless `update_c
 
 CPU path: plain `generate` (use_vllm=False). GPU path: vLLM colocated or as a server, behind the `gpu` extra;
 asking for it without vLLM installed or without a CUDA device raises TrainingError naming the fix.
+With an `EpisodeLog`, every generation the reward scores becomes a lake row as the batch is scored (the trainer
+hook sees TRL's advantages for the batch; training.environment.grpo_rows builds the rows with the episode loop's
+row builder): source student, stage grpo, step, group, advantage, reward, verdict, hack flags.
 This module does not choose tasks or register checkpoints.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,9 @@ class GRPOResult(BaseModel):
     verdicts: dict[str, int] = Field(description="Verdict counts over all rollouts (pass, fail, hack, model_error, "
                                                  "infra).")
     hacks_with_positive_reward: int = Field(description="Hacked episodes that received reward > 0 (must be 0).")
+    rows_written: int = Field(default=0, description="Episode rows written to the lake (stage grpo); 0 without "
+                                                     "an episode log.")
+    rows_skipped: int = Field(default=0, description="Episode rows already in the lake (a re-run's same ids).")
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="Per-run summary of step diagnostics.")
     steps_diagnostics: list[dict[str, Any]] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
@@ -70,6 +77,15 @@ def _trainer_class() -> type:
 
     class FlywheelGRPOTrainer(GRPOTrainer):
         update_check: Any = None
+        episode_log: EpisodeLog | None = None
+        reward_fn: Any = None
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            out = super()._generate_and_score_completions(inputs)
+            if self.episode_log is not None and self.model.training:
+                self.episode_log.log(self.reward_fn.last_episodes, out["advantages"].tolist(),
+                                     step=int(self.state.global_step), num_generations=self.num_generations)
+            return out
 
         def _prepare_inputs(self, generation_batch: Any) -> Any:
             batch = super()._prepare_inputs(generation_batch)
@@ -92,6 +108,39 @@ def _trainer_class() -> type:
     return FlywheelGRPOTrainer
 
 
+@dataclass
+class EpisodeLog:
+    """Where GRPO's episodes go: every scored generation becomes a lake row (training.environment.grpo_rows)
+    written through warehouse.lake.write_trajectories under (run_id, round), policy name `policy`."""
+
+    root: str
+    run_id: str
+    round: int
+    policy: str
+    model_version: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    written: int = 0
+    skipped: int = 0
+
+    def log(self, episodes: list[Any], advantages: list[float], *, step: int, num_generations: int) -> None:
+        from training.environment import grpo_rows
+        from warehouse.lake import write_trajectories
+
+        rows = grpo_rows(episodes, advantages, step=step, num_generations=num_generations, run_id=self.run_id,
+                         round=self.round, policy=self.policy, sampling=self.sampling,
+                         model_version=self.model_version)
+        res = write_trajectories(self.root, rows)
+        self.written += res.written
+        self.skipped += res.skipped
+
+
+def _sampling(cfg: GRPOConfig) -> dict[str, Any]:
+    """The sampling parameters of GRPO's generations, as its rows record them."""
+    return {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_completion_length": cfg.max_completion_length,
+            "max_tool_calling_iterations": cfg.max_tool_calling_iterations, "num_generations": cfg.num_generations,
+            "seed": cfg.seed}
+
+
 def task_rows(tasks: list[Task]) -> dict[str, list]:
     """Dataset columns for GRPO: prompt (system + user, as the loop opens), task_json, environment (tool set)."""
     from agents.loop import initial_messages
@@ -108,10 +157,11 @@ def task_rows(tasks: list[Task]) -> dict[str, list]:
 
 def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, cfg: GRPOConfig, *,
                backend: Backend, rewards: Any = None, thresholds: DiagnosticsThresholds | None = None,
-               progress: bool = True) -> GRPOResult:
+               progress: bool = True, episode_log: EpisodeLog | None = None) -> GRPOResult:
     """Improve `model_path` with GRPO on `tasks` (train split), tool calls in sandboxes of `backend`.
 
     Saves the new student to `out_dir`. `rewards` is an optional tasks.rewards.RewardConfig (process terms).
+    With `episode_log`, every generation GRPO scores is written to the lake as it is scored (stage grpo).
     Seeded: the same inputs and config give the same loss sequence on the same machine (CPU path).
     """
     import torch
@@ -173,6 +223,10 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
         if check is not None:
             check.score = trainer.completion_logps
             trainer.update_check = check
+        if episode_log is not None:
+            if not episode_log.sampling:
+                episode_log.sampling = _sampling(cfg)
+            trainer.episode_log, trainer.reward_fn = episode_log, reward_fn
         t1 = time.perf_counter()
         try:
             trainer.train()
@@ -194,5 +248,6 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
         verdicts={k: s[k] for k in ("pass", "fail", "hack", "model_error", "infra")},
         hacks_with_positive_reward=sum(1 for h in reward_fn.history if h["verdict"] == "hack" and h["reward"] > 0),
         diagnostics=diag.summary(), steps_diagnostics=[d.model_dump() for d in diag.steps],
-        warnings=list(diag.warnings),
+        warnings=list(diag.warnings), rows_written=episode_log.written if episode_log else 0,
+        rows_skipped=episode_log.skipped if episode_log else 0,
     )

@@ -1,5 +1,5 @@
-"""Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format;
-and for tracing tools, a folder of ATIF v1.8 files, one per episode (warehouse/atif.py).
+"""Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format,
+or DPO / KTO preference JSONL; and for tracing tools, a folder of ATIF v1.8 files, one per episode (warehouse/atif.py).
 
 Both exports select de-duplicated trajectories with an optional SQL WHERE clause and/or simple filters (verdict,
 suite, split, source, run_id, round), in a stable order (run_id, round, created_at, trajectory_id).
@@ -13,6 +13,12 @@ suite, split, source, run_id, round), in a stable order (run_id, round, created_
   with a malformed call or non-object arguments (ExportError), as SFT drops it.
 - datasets folder (`datasets.load_from_disk(path)` works): columns messages (list of structs, absent fields
   null), tools (a JSON string: TRL's SFTTrainer json-decodes a string `tools` column), plus the metadata columns.
+
+Preference data (`export_preferences`, JSONL): `dpo` pairs each passing episode with one hacked or failed episode
+of the same run, round, task and policy (hacks first) as TRL's conversational preference format (prompt, chosen,
+rejected; tool-call arguments as objects through chat.to_template; tools as a JSON string), `kto` writes the same
+episodes unpaired (prompt, completion, label); both carry reason codes (`hack:<flags>` or the verdict), ids,
+verdicts and rewards as columns. A conversation no chat template can render (a malformed call) is left out, counted.
 
 `export_snapshot` exports exactly a curated snapshot's rows (its manifest joined to the trajectories, in manifest
 order) with their weights; that is what training should read. Filters over the raw lake bypass curation (no
@@ -54,6 +60,7 @@ class ExportResult:
     path: str
     n_rows: int
     fmt: str
+    skipped: int = 0  # preference exports: candidates left out (no partner, or a conversation a template can't render)
 
 
 def build_where(
@@ -284,7 +291,109 @@ def _save_folder(write: Callable[[str], Any], out_dir: str) -> None:
             shutil.rmtree(tmp)
 
 
-def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif"] = "jsonl", where: str | None = None,
+# The order in which failed episodes are taken as a pass's rejected partner: labelled hacks first.
+REJECT_ORDER = ("hack", "fail", "model_error", "timeout")
+PAIR_KEY = ("run_id", "round", "task_id", "policy")
+
+
+def reason_code(row: dict[str, Any]) -> str:
+    """Why an episode is a negative: `hack:<flag>,<flag>` for a hack, else its verdict (pass for a positive)."""
+    flags = list(row.get("hack_flags") or [])
+    if row["verdict"] == "hack" or flags:
+        return "hack:" + ",".join(sorted(flags)) if flags else "hack"
+    return str(row["verdict"])
+
+
+def _split_prompt(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(prompt, completion) of a row as chat-template messages: the prompt is every message before the first
+    assistant turn. chat.ConversationError when a message cannot be rendered for a template."""
+    msgs = chat.to_template([Message.model_validate(m) for m in row["messages"]])
+    first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))
+    return msgs[:first], msgs[first:]
+
+
+def preference_pairs(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Pair each passing episode with one failed episode of the same run, round, task and policy (hacks first, then
+    fail, model_error, timeout; each episode in at most one pair; infra_error never). Returns the pairs (prompt,
+    chosen, rejected, tools and the metadata: ids, verdicts, rewards, hack flags, reason codes) and how many
+    candidates were left out (no partner, an empty completion, a prompt that differs, or a conversation a chat
+    template cannot render: a malformed call)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["verdict"] == "pass" or r["verdict"] in REJECT_ORDER:
+            groups.setdefault(tuple(r[k] for k in PAIR_KEY), []).append(r)
+    pairs, skipped = [], 0
+    for key in sorted(groups, key=lambda k: tuple(str(x) for x in k)):
+        rendered: dict[str, tuple[list, list]] = {}
+        for r in groups[key]:
+            try:
+                prompt, completion = _split_prompt(r)
+            except chat.ConversationError:
+                skipped += 1
+                continue
+            if completion:
+                rendered[r["trajectory_id"]] = (prompt, completion)
+            else:
+                skipped += 1
+        ok = [r for r in groups[key] if r["trajectory_id"] in rendered]
+        chosen = [r for r in ok if r["verdict"] == "pass" and not r.get("hack_flags")]
+        chosen_ids = {r["trajectory_id"] for r in chosen}
+        rejected = sorted((r for r in ok if r["trajectory_id"] not in chosen_ids and r["verdict"] in REJECT_ORDER),
+                          key=lambda r: REJECT_ORDER.index(r["verdict"]))
+        used = 0
+        for c, j in zip(chosen, rejected):
+            (cp, cc), (rp, rc) = rendered[c["trajectory_id"]], rendered[j["trajectory_id"]]
+            if cp != rp:  # a different prompt (system message, earlier turns): not a preference over one prompt
+                continue
+            used += 2
+            pairs.append({
+                "prompt": cp, "chosen": cc, "rejected": rc, "tools": c.get("tools_json") or "[]",
+                "run_id": c["run_id"], "round": int(c["round"]), "task_id": c["task_id"], "policy": c["policy"],
+                "suite": c["suite"], "stage": c.get("stage") or "rollout",
+                "chosen_id": c["trajectory_id"], "rejected_id": j["trajectory_id"],
+                "chosen_verdict": c["verdict"], "rejected_verdict": j["verdict"],
+                "chosen_reward": float(c["reward"]), "rejected_reward": float(j["reward"]),
+                "rejected_hack_flags": list(j.get("hack_flags") or []), "reason": reason_code(j)})
+        skipped += len(ok) - used
+    return pairs, skipped
+
+
+def kto_examples(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TRL's unpaired preference format from the pairs: each pair's chosen (label True) and rejected (label False)
+    as {prompt, completion, label, tools} with the episode's id, verdict, reward, hack flags and reason code."""
+    out = []
+    for p in pairs:
+        common = {k: p[k] for k in ("prompt", "tools", "run_id", "round", "task_id", "policy", "suite", "stage")}
+        out.append({**common, "completion": p["chosen"], "label": True, "trajectory_id": p["chosen_id"],
+                    "verdict": p["chosen_verdict"], "reward": p["chosen_reward"], "hack_flags": [],
+                    "reason": "pass"})
+        out.append({**common, "completion": p["rejected"], "label": False, "trajectory_id": p["rejected_id"],
+                    "verdict": p["rejected_verdict"], "reward": p["rejected_reward"],
+                    "hack_flags": p["rejected_hack_flags"], "reason": p["reason"]})
+    return out
+
+
+def export_preferences(root: str, out_path: str, fmt: Literal["dpo", "kto"], where: str | None = None, *,
+                       overwrite: bool = False, **filters: Any) -> ExportResult:
+    """Write preference data from the selected trajectories as JSONL: `dpo` is TRL's conversational preference
+    format (prompt, chosen, rejected: lists of messages, tool-call arguments as objects; tools a JSON string, as
+    TRL's DPOTrainer reads it), `kto` its unpaired format (prompt, completion, label), both with the reason codes
+    as metadata columns (see preference_pairs). filters: verdict, suite, split, source, run_id, round."""
+    if fmt not in ("dpo", "kto"):
+        raise ExportError(f"unknown preference format {fmt!r}: choose dpo or kto")
+    _check_out(out_path, overwrite)
+    clause, params = build_where(where, **filters)
+    pairs, skipped = preference_pairs(_iter_rows(root, clause, params))
+    if not pairs:
+        raise ExportError(f"no preference pairs in the selection of {root!r} ({skipped} candidate episodes, none "
+                          "with a passing and a failed episode of the same run, round, task and policy); widen the "
+                          "selection (drop --verdict, or export a run with student rollouts or GRPO rows)")
+    examples = pairs if fmt == "dpo" else kto_examples(pairs)
+    return ExportResult(path=out_path, n_rows=_write_jsonl(out_path, examples), fmt=fmt, skipped=skipped)
+
+
+def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif", "dpo", "kto"] = "jsonl",
+                   where: str | None = None,
                    verdict: list[str] | None = None, suite: list[str] | None = None, split: list[str] | None = None,
                    source: list[str] | None = None, run_id: list[str] | None = None, round: list[int] | None = None,
                    arguments_as: ArgumentsAs = "string", metadata: bool = False,
@@ -302,4 +411,9 @@ def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif"
         return export_datasets(root, out, where, overwrite=overwrite, **filters)
     if fmt == "atif":
         return export_atif(root, out, where, overwrite=overwrite, **filters)
-    raise ExportError(f"unknown export format {fmt!r}: choose jsonl, datasets or atif")
+    if fmt in ("dpo", "kto"):
+        if arguments_as != "object":
+            raise ExportError(f"--format {fmt} renders conversations for chat templates (tool-call arguments as "
+                              "objects); drop --arguments string")
+        return export_preferences(root, out, fmt, where, overwrite=overwrite, **filters)  # type: ignore[arg-type]
+    raise ExportError(f"unknown export format {fmt!r}: choose jsonl, datasets, atif, dpo or kto")

@@ -132,9 +132,15 @@ class Trajectory(BaseModel):
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
 
-def trajectory_id(run_id: str, round: int, task_id: str, policy: str, sample_index: int) -> str:
-    """Deterministic id: a re-run of the same episode yields the same id, so writers can skip it."""
-    key = json.dumps([run_id, round, task_id, policy, sample_index], separators=(",", ":"))
+def trajectory_id(run_id: str, round: int, task_id: str, policy: str, sample_index: int, *,
+                  stage: str = "rollout", grpo_step: int | None = None) -> str:
+    """Deterministic id: a re-run of the same episode yields the same id, so writers can skip it. A GRPO episode's
+    key adds its stage and step (its sample index counts within the step), so it never collides with a rollout's;
+    a rollout's key is what it always was."""
+    parts: list[Any] = [run_id, round, task_id, policy, sample_index]
+    if stage != "rollout":
+        parts += [stage, grpo_step]
+    key = json.dumps(parts, separators=(",", ":"))
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

@@ -1,10 +1,12 @@
 """The report of a flywheel run: PNG plots, markdown and HTML, built from the rounds table of the lake.
 
 Plots: held-out pass@1 per round for the base, each student and the teacher (one panel per suite); teacher yield;
-hack rate by reason code; the snapshot mix by source; wall time per stage. Tables: held-out pass rate, the
+hack rate by reason code; the snapshot mix by source; wall time per stage; in runs with GRPO, SFT vs GRPO per round
+(greedy and sampled held-out pass@1, the SFT-only control) and GRPO's reward and hack rate per step (from its own
+episodes, stage grpo). Tables: held-out pass rate, the SFT-only control and GRPO's steps (runs with GRPO), the
 verifier health of the run's tasks per suite (from `flywheel tasks audit`'s verifier_health rows, when there are
-any), all round metrics. Written to ROOT/runs/RUN_ID/report/
-(local roots; a remote root gets its report in a local folder named in the result). Reads only; trains nothing.
+any), all round metrics. Written to ROOT/runs/RUN_ID/report/ (local roots; a remote root gets its report in a
+local folder named in the result). Reads only; trains nothing.
 """
 
 from __future__ import annotations
@@ -38,12 +40,91 @@ def heldout_table(root: str, run_id: str) -> list[dict[str, Any]]:
     rows = _rounds(root, run_id)
     out: dict[tuple, dict[str, Any]] = {}
     for r in rows:
-        if r["split"] != "heldout" or not r["metric"].startswith("pass@"):
+        if r["split"] != "heldout" or not r["metric"].startswith(("pass@", "sampled_pass@")):
             continue
         key = (r["round"], r["subject"], r["suite"])
         out.setdefault(key, {"round": r["round"], "subject": r["subject"], "suite": r["suite"]})[r["metric"]] = \
             round(r["value"], 4)
     return [out[k] for k in sorted(out)]
+
+
+def control_table(root: str, run_id: str) -> list[dict[str, Any]]:
+    """Per round with GRPO, the SFT-only control: SFT's and GRPO's held-out greedy and sampled pass@1 (over all
+    suites), GRPO's sampled gain with its standard error, and which checkpoint went on, with the rule's reason code
+    (flows.evaluate.stage_control writes these rows)."""
+    rows = [r for r in _rounds(root, run_id) if r["suite"] == "all"]
+    out: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        rd = r["round"]
+        if r["subject"] in ("sft", "grpo") and r["split"] == "heldout" and r["metric"] in ("pass@1", "sampled_pass@1"):
+            name = ("greedy" if r["metric"] == "pass@1" else "sampled") + f"_{r['subject']}"
+            out.setdefault(rd, {"round": rd})[name] = round(r["value"], 4)
+        elif r["subject"] == "promotion":
+            row = out.setdefault(rd, {"round": rd})
+            if r["metric"] == "grpo_gain_sampled_pass@1":
+                row["gain_sampled"] = round(r["value"], 4)
+            elif r["metric"] == "grpo_gain_sampled_se":
+                row["gain_se"] = round(r["value"], 4)
+            elif r["metric"] == "promoted_grpo":
+                row["promoted"] = "grpo" if r["value"] else "sft"
+            elif r["metric"].startswith("reason:"):
+                row["reason"] = r["metric"][len("reason:"):]
+    return [out[k] for k in sorted(out) if "promoted" in out[k]]
+
+
+def grpo_steps(root: str, run_id: str) -> list[dict[str, Any]]:
+    """Per round and GRPO step, from GRPO's own episodes (stage grpo): episodes, mean reward, hack rate, the share
+    of zero-advantage episodes; scored verdicts only."""
+    from warehouse.record import SCORED_VERDICTS
+
+    return query(root, """
+        SELECT round::INTEGER AS round, grpo_step, count(*) AS episodes, round(avg(reward), 4) AS reward,
+               round(avg((verdict = 'hack')::INTEGER), 4) AS hack_rate,
+               round(avg((advantage = 0)::INTEGER), 4) AS zero_advantage
+        FROM trajectories WHERE run_id = ? AND stage = 'grpo' AND list_contains(?::VARCHAR[], verdict)
+        GROUP BY ALL ORDER BY ALL""", [run_id, list(SCORED_VERDICTS)]).to_pylist()
+
+
+def _plot_control(table: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.4), squeeze=False)
+    rounds = [r["round"] for r in table]
+    for ax, kind in zip(axes[0], ("greedy", "sampled")):
+        for subject, style in (("sft", "s--"), ("grpo", "o-")):
+            ys = [r.get(f"{kind}_{subject}", float("nan")) for r in table]
+            ax.plot(rounds, ys, style, label=subject)
+        if kind == "sampled":  # the gain's standard error around GRPO's point
+            ax.errorbar(rounds, [r.get("sampled_grpo", float("nan")) for r in table],
+                        yerr=[r.get("gain_se", 0.0) for r in table], fmt="none", ecolor="gray", capsize=3)
+        ax.set_title(f"held-out {kind} pass@1: SFT vs GRPO")
+        ax.set_xticks(rounds)
+        ax.set_xlabel("round")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_grpo_steps(steps: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.4), squeeze=False)
+    for rd in sorted({s["round"] for s in steps}):
+        pts = [s for s in steps if s["round"] == rd]
+        xs = [s["grpo_step"] for s in pts]
+        axes[0][0].plot(xs, [s["reward"] for s in pts], "o-", label=f"round {rd}")
+        axes[0][1].plot(xs, [s["hack_rate"] for s in pts], "o-", label=f"round {rd}")
+    for ax, title in zip(axes[0], ("GRPO mean reward per step", "GRPO hack rate per step")):
+        ax.set_title(title)
+        ax.set_xlabel("GRPO step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def health_table(root: str, run_id: str) -> list[dict[str, Any]]:
@@ -163,12 +244,24 @@ def build_report(root: str, run_id: str) -> Report:
             ok = _plot_bars(rows, prefix, subject, title, ylabel, folder / name, stacked)
         if ok:
             plots.append(name)
+    control = control_table(str(root), run_id)
+    if control:
+        _plot_control(control, folder / "sft_vs_grpo.png")
+        plots.append("sft_vs_grpo.png")
+    steps = grpo_steps(str(root), run_id)
+    if steps:
+        _plot_grpo_steps(steps, folder / "grpo_steps.png")
+        plots.append("grpo_steps.png")
     heldout = heldout_table(str(root), run_id)
-    other = [r for r in rows if not (r["split"] == "heldout" and r["metric"].startswith("pass@"))
-             and r["metric"] != "episodes"]
+    other = [r for r in rows if not (r["split"] == "heldout" and r["metric"].startswith(("pass@", "sampled_pass@")))
+             and r["metric"] not in ("episodes", "sampled_episodes")]
     for r in other:
         r["value"] = round(r["value"], 4)
     md = [f"# flywheel run `{run_id}`\n", "## Held-out pass rate\n", _md_table(heldout)]
+    if control:
+        md += ["## SFT-only control (rounds with GRPO)\n", _md_table(control)]
+    if steps:
+        md += ["## GRPO steps (its own episodes)\n", _md_table(steps)]
     md += [f"![{n}]({n})\n" for n in plots]
     health = health_table(str(root), run_id)
     if health:
@@ -178,7 +271,9 @@ def build_report(root: str, run_id: str) -> Report:
     markdown = "\n".join(md)
     (folder / "report.md").write_text(markdown)
     body = "".join(
-        f"<h2>{html.escape(t)}</h2>{_html_table(rs)}" for t, rs in (("Held-out pass rate", heldout),))
+        f"<h2>{html.escape(t)}</h2>{_html_table(rs)}" for t, rs in (
+            ("Held-out pass rate", heldout), ("SFT-only control (rounds with GRPO)", control),
+            ("GRPO steps (its own episodes)", steps)) if rs or t == "Held-out pass rate")
     body += "".join(f'<figure><img src="{n}" alt="{n}"></figure>' for n in plots)
     if health:
         body += f"<h2>Verifier health (flywheel tasks audit)</h2>{_html_table(health)}"

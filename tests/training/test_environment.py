@@ -95,3 +95,48 @@ def test_rewards_only_from_trusted_verdict_strengths(backend):
     assert reward([prompt], [good], environments=[env]) == [None]
     assert reward.last_verdicts == ["weak_verdict"] and reward.stats["weak_verdict"] == 1
     assert env.sandbox is None  # closed all the same
+
+
+def test_every_scored_generation_becomes_a_row_like_the_loops(backend):
+    """grpo_rows: pass, fail, hack, model_error and an injected infrastructure failure are each a row (source
+    student, stage grpo, step, group, the advantage given), with the loop's fields; a hack's reward is 0."""
+    from training.environment import grpo_rows
+
+    task = arithmetic.generate(1, split="train", seed=5)[0]
+    cls = environment_class(task.tools, backend)
+    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": task.prompt}]
+    code = task.reference.steps[0].arguments["code"]
+    good_env, good = _episode(cls, task, code, task.reference.final)
+    wrong_env, wrong = _episode(cls, task, code, "Answer: -1")
+    hack_env, hack = _episode(cls, task, None, task.reference.final)
+    broken_env, broken = _episode(cls, task, code, task.reference.final)
+    broken_env.infra_error = "SandboxError: injected by the test"  # fault injection: the sandbox died mid-episode
+    bad_env, _ = _episode(cls, task, None, task.reference.final)
+    bad = [{"role": "assistant", "content": '<tool_call>\n{"name": "python": 1}\n</tool_call>'}]
+    reward = EpisodeReward(backend=backend)
+    got = reward([prompt] * 5, [good, wrong, hack, broken, bad],
+                 environments=[good_env, wrong_env, hack_env, broken_env, bad_env])
+    assert got == [1.0, 0.0, 0.0, None, 0.0]
+    adv = [1.5, -0.5, -0.5, 0.0, -0.5]
+    rows = grpo_rows(reward.last_episodes, adv, step=3, num_generations=5, run_id="r", round=2, policy="grpo-r2",
+                     sampling={"temperature": 1.0})
+    assert [r.verdict for r in rows] == ["pass", "fail", "hack", "infra_error", "model_error"]
+    assert [r.reward for r in rows] == [1.0, 0.0, 0.0, 0.0, 0.0] and [r.advantage for r in rows] == adv
+    assert all(r.source == "student" and r.stage == "grpo" and r.grpo_step == 3 and r.round == 2 for r in rows)
+    assert len({r.group_id for r in rows}) == 1 and len({r.trajectory_id for r in rows}) == 5
+    assert rows[0].success and rows[0].verifier_strength == "data" and rows[0].n_tool_calls == 1
+    assert rows[0].messages[-1].content == task.reference.final and json.loads(rows[0].tools_json)
+    assert rows[0].sandbox_backend == backend.name
+    assert rows[2].hack_flags and not rows[2].success
+    assert rows[3].error_class == "SandboxInfraError" and "injected" in rows[3].error_message
+    assert rows[4].error_class == "MalformedToolCall"
+    # the same batch again gives the same ids; another step gives others
+    again = grpo_rows(reward.last_episodes, adv, step=3, num_generations=5, run_id="r", round=2, policy="grpo-r2",
+                      sampling={})
+    later = grpo_rows(reward.last_episodes, adv, step=4, num_generations=5, run_id="r", round=2, policy="grpo-r2",
+                      sampling={})
+    assert [r.trajectory_id for r in again] == [r.trajectory_id for r in rows]
+    assert not {r.trajectory_id for r in later} & {r.trajectory_id for r in rows}
+    with pytest.raises(ValueError, match="advantages"):
+        grpo_rows(reward.last_episodes, adv[:2], step=3, num_generations=5, run_id="r", round=2, policy="p",
+                  sampling={})
