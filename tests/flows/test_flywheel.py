@@ -57,6 +57,7 @@ def stages_of(root: Path) -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
+@pytest.mark.timeout(1800)  # two 2-round runs and a resume: ~5 min alone on 2 cores, 10+ beside other work
 def test_kill_during_sft_then_resume_matches_uninterrupted(tmp_path, prefect_api):
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
     whole, broken = tmp_path / "whole", tmp_path / "broken"
