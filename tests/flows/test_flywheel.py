@@ -1,4 +1,5 @@
-"""The flywheel end to end on a small config: every stage runs, the views exist, the report is written; and a kill
+"""The flywheel end to end on a small config with GRPO: every stage runs, the views exist, the report is written,
+GRPO's rounds leave what issue 19 asks (`check_grpo_rounds`); and a kill
 in the middle of SFT followed by `--resume` loses nothing and duplicates nothing: the rows written before the kill
 are kept once each, the killed stage re-runs to the same losses as the uninterrupted run, and every later stage
 finishes with the same row counts.
@@ -57,6 +58,44 @@ def stages_of(root: Path) -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
+def check_grpo_rounds(out: Path, log: str, run_id: str) -> None:
+    """What a round with GRPO must leave (issue 19): GRPO's own episodes as rows (stage grpo), the SFT-only control
+    scoring both checkpoints on the held-out split (greedy and sampled pass@1, pass@k), the promotion rule's choice
+    and reason in the ledger, the log and the rounds table, the student's held-out scores being the promoted
+    checkpoint's, both checkpoints' held-out episodes under their own policy names, and the report's plots."""
+    ledger = out / "runs" / run_id / "stages"
+    grpo = json.loads((ledger / "001-grpo.json").read_text())
+    assert "skipped" not in grpo, grpo
+    ctrl = json.loads((ledger / "001-control.json").read_text())
+    assert ctrl["promoted"] in ("sft", "grpo") and ctrl["reason"] and ctrl["code"]
+    assert f"round 1 promotes {ctrl['promoted']}" in log
+    steps = sql(out, "SELECT round, grpo_step, policy, source, count(*) AS n FROM trajectories WHERE stage = 'grpo' "
+                     "GROUP BY ALL ORDER BY ALL")
+    # grpo.max_steps=1, prompts_per_step=1, num_generations=2: one step of 2 episodes a round
+    assert [(s["round"], s["grpo_step"], s["policy"], s["source"], s["n"]) for s in steps] == [
+        (1, 0, "grpo-r1", "student", 2), (2, 0, "grpo-r2", "student", 2)]
+    rounds = sql(out, "SELECT subject, metric, value FROM rounds WHERE round = 1 AND suite = 'all' "
+                      "AND split = 'heldout' ORDER BY ALL")
+    val = {(r["subject"], r["metric"]): r["value"] for r in rounds}
+    for subject in ("sft", "grpo", "student"):
+        for name in ("pass@1", "sampled_pass@1", "pass@2"):
+            assert (subject, name) in val, (subject, name, sorted(val))
+    assert val[("sft", "sampled_episodes")] == val[("grpo", "sampled_episodes")] > 0
+    gain = val[("grpo", "sampled_pass@1")] - val[("sft", "sampled_pass@1")]
+    assert val[("promotion", "grpo_gain_sampled_pass@1")] == pytest.approx(gain)
+    assert ctrl["promoted"] == ("sft" if gain < -0.05 else "grpo")  # the default rule and margin
+    assert val[("promotion", "promoted_grpo")] == float(ctrl["promoted"] == "grpo")
+    assert val[("promotion", f"reason:{ctrl['code']}")] == 1.0
+    for name in ("pass@1", "sampled_pass@1", "pass@2"):  # the student's scores are the promoted checkpoint's
+        assert val[("student", name)] == val[(ctrl["promoted"], name)]
+    pols = {r["policy"] for r in sql(out, "SELECT DISTINCT policy FROM trajectories WHERE split = 'heldout'")}
+    assert {"student-r1-sft", "student-r1-sft-t0.8", "student-r1-grpo", "student-r1-grpo-t0.8"} <= pols
+    report = out / "runs" / run_id / "report"
+    md = (report / "report.md").read_text()
+    assert "SFT-only control" in md and "GRPO steps" in md
+    assert (report / "sft_vs_grpo.png").stat().st_size > 1000 and (report / "grpo_steps.png").stat().st_size > 1000
+
+
 @pytest.mark.timeout(1800)  # two 2-round runs and a resume: ~5 min alone on 2 cores, 10+ beside other work
 def test_kill_during_sft_then_resume_matches_uninterrupted(tmp_path, prefect_api):
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
@@ -67,6 +106,7 @@ def test_kill_during_sft_then_resume_matches_uninterrupted(tmp_path, prefect_api
     report = whole / "runs" / "fw1" / "report"
     assert (report / "report.md").is_file() and (report / "report.html").is_file()
     assert (report / "heldout_pass_rate.png").stat().st_size > 1000
+    check_grpo_rounds(whole, p.stdout + p.stderr, "fw1")
     expected = counts(whole)
     assert expected["trajectories"] == expected["distinct_ids"] == expected["raw"] > 0
     assert expected["datasets"] == 2 and expected["checkpoints"] >= 5
