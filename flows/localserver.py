@@ -522,19 +522,49 @@ def reap_dead_leases() -> dict[str, int]:
                 continue
             for rid in lease.get("resource_ids", []):
                 per_limit[rid] += int((lease.get("metadata") or {}).get("slots", 0))
+        unreleased = False
         for rid, slots in per_limit.items():
             if slots <= 0:
                 continue
-            try:
-                name = _api("GET", f"/v2/concurrency_limits/{rid}")["name"]
-                _api("POST", "/v2/concurrency_limits/decrement", {"slots": slots, "names": [name]})
-            except (OSError, urllib.error.URLError, KeyError, TypeError):
+            name = _release(rid, slots)
+            if name is None:
                 continue  # the limit was deleted meanwhile: nothing to release
+            if name is False:
+                unreleased = True
+                continue
             released[name] += slots
             print(f"released {slots} slot(s) of concurrency limit {name!r} held by a command that died "
                   f"(pid {pid})", file=sys.stderr, flush=True)
+        if unreleased and not released:  # the server did not answer: leave the folder for the next reaper
+            try:
+                claimed.rename(folder)
+            except OSError:
+                pass
+            print(f"warning: could not release the slots of a command that died (pid {pid}): the server did not "
+                  "answer; the next command or the shared server's watchdog tries again", file=sys.stderr,
+                  flush=True)
+            continue
         shutil.rmtree(claimed, ignore_errors=True)
     return dict(released)
+
+
+def _release(rid: str, slots: int) -> str | None | bool:
+    """Decrement limit `rid` by `slots`: its name, None when the limit no longer exists, False when the server did
+    not answer (three tries; a loaded machine's fresh server can take more than the default timeout)."""
+    for attempt in range(3):
+        try:
+            name = _api("GET", f"/v2/concurrency_limits/{rid}", timeout=30.0)["name"]
+            _api("POST", "/v2/concurrency_limits/decrement", {"slots": slots, "names": [name]}, timeout=30.0)
+            return name
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+        except (KeyError, TypeError):
+            return None
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(1.0 + attempt)
+    return False
 
 
 def stop() -> None:
