@@ -38,6 +38,16 @@ from warehouse.record import Message, Source
 END_OF_TURN = ("<|im_end|>", "<|return|>", "<|call|>")  # Qwen/Hermes; harmony's answer and tool-call ends
 
 
+def stop_token_ids(tokenizer: Any, extra: Any = None) -> list[int]:
+    """The ids that end a turn: EOS, every END_OF_TURN token the vocabulary has, and `extra` (a model's
+    generation_config.eos_token_id: an id or a list). The policy stops generation at them; the drift preflight
+    (training/preflight.py) ends a generated span at them."""
+    extra = extra if isinstance(extra, list) else [extra]
+    vocab = tokenizer.get_vocab()
+    return sorted({i for i in [tokenizer.eos_token_id, *extra, *(vocab.get(t) for t in END_OF_TURN)]
+                   if isinstance(i, int) and i >= 0})
+
+
 def completion_text(tokenizer: Any, ids: list[int]) -> str:
     """Generated token ids -> the reply text: decoded with special tokens, cut at the first end of turn
     (`<|im_end|>`, harmony's `<|return|>` / `<|call|>`, or EOS), padding removed. GRPO reads its generations
@@ -161,12 +171,7 @@ class TransformersPolicy:
         self.dialect = chat.dialect_of(self.tokenizer.chat_template)
         self.chat_template_hash = chat.template_hash(self.tokenizer.chat_template)
         self.model_version = checkpoint_version(self.model_path)
-        gen_eos = self.model.generation_config.eos_token_id
-        gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
-        vocab = self.tokenizer.get_vocab()
-        self._stop_ids = sorted({i for i in [self.tokenizer.eos_token_id, *gen_eos,
-                                             *(vocab.get(t) for t in END_OF_TURN)]
-                                 if isinstance(i, int) and i >= 0})
+        self._stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
     @property
     def sampling(self) -> dict[str, Any]:

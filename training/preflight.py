@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from agents.transformers_policy import stop_token_ids
 from training.sft import render_conversation, training_template, trajectory_conversation
 from warehouse import chat
 from warehouse.record import Trajectory
@@ -103,11 +104,6 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _stop_ids(tokenizer) -> set[int]:
-    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    return {i for i in ids if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id}
-
-
 def check_row(tokenizer, row: Trajectory, template: str | None, *, stops: set[int], report: PreflightReport) -> None:
     """Check one row and add what it finds to `report` (see the module docstring)."""
     try:
@@ -178,7 +174,7 @@ def preflight_rows(tokenizer, rows: list[Trajectory]) -> PreflightReport:
     """Check every row against the training render of `tokenizer` (see the module docstring)."""
     template = training_template(tokenizer)
     report = PreflightReport(rows=len(rows), with_ids=0, template_hash=chat.template_hash(tokenizer.chat_template))
-    stops = _stop_ids(tokenizer)
+    stops = set(stop_token_ids(tokenizer)) - {tokenizer.unk_token_id}
     for row in rows:
         if row.chat_template_hash and row.chat_template_hash != report.template_hash:
             report.template_mismatch.append(row.trajectory_id)

@@ -48,6 +48,7 @@ It depends only on the record's message shape. It does not know tokenizers, tool
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -137,20 +138,23 @@ def _template_text(chat_template: str | dict | None) -> str:
 
 def dialect_of(chat_template: str | dict | None) -> Dialect:
     """The dialect a chat template writes: "harmony" for GPT-OSS's (its `<|channel|>` markers), else "hermes"."""
-    return "harmony" if "<|channel|>" in _template_text(chat_template) else "hermes"
+    return _style(_template_text(chat_template))[0]
 
 
 def reasoning_key(chat_template: str | dict | None) -> str | None:
     """The message field a chat template renders reasoning from: `reasoning_content` (Qwen3), `thinking` (GPT-OSS's
     harmony analysis channel), or None (TRL's qwen2_5 has none): then reasoning goes inline in the content."""
-    template = _template_text(chat_template)
-    if not template:
-        return None
-    if dialect_of(template) == "harmony":
-        return "thinking"
+    return _style(_template_text(chat_template))[1]
+
+
+@functools.lru_cache(maxsize=16)
+def _style(template: str) -> tuple[Dialect, str | None]:
+    """(dialect, reasoning field) of a template's text, read once per template (to_template asks on every render)."""
+    if "<|channel|>" in template:
+        return "harmony", "thinking"
     if "reasoning_content" in template:
-        return "reasoning_content"
-    return "thinking" if _THINKING_RE.search(template) else None
+        return "hermes", "reasoning_content"
+    return "hermes", "thinking" if _THINKING_RE.search(template) else None
 
 
 def template_hash(template: str | None) -> str | None:
