@@ -16,7 +16,9 @@ offline default gets one without a download.
 Design choices (measured on 2 cores):
 - Chat template: TRL's own template of the family (`qwen2_5`, `gptoss`, `qwen3`), verbatim, so TRL recognises it
   (tool-call response schema, training template with generation markers for assistant-only loss) and
-  `transformers serve` parses tool calls.
+  `transformers serve` parses tool calls and reasoning: the tokenizer is saved with TRL's response template
+  (`response_template` in tokenizer_config.json), which serve reads; GPT-OSS needs it (serve has no fallback for
+  its model type and would return the reply with harmony's markers stripped, tool calls unparsed).
 - Tokenizer: byte-level BPE trained on the corpus under Qwen2's own pre-tokenizer (transformers 5 loads every
   qwen2 model folder as Qwen2Tokenizer and imposes that split; a custom split would be silently replaced). It
   puts every digit in a token of its own, so operands are copied digit by digit. The templates' special tokens
@@ -45,7 +47,12 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import PreTrainedTokenizerFast
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 from transformers.utils.chat_template_utils import render_jinja_template
-from trl.chat_template_utils import gptoss_chat_template, qwen2_5_chat_template, qwen3_chat_template
+from trl.chat_template_utils import (
+    add_response_schema,
+    gptoss_chat_template,
+    qwen2_5_chat_template,
+    qwen3_chat_template,
+)
 
 from tasks.spec import Task
 from tasks.tools import tool_schemas
@@ -175,6 +182,10 @@ def _train_tokenizer(corpus: list[str], vocab_size: int, blocks: list[str], fam:
     )
     fast.add_tokens(tags + blocks, special_tokens=False)
     fast.chat_template = fam.chat_template
+    # TRL's response template of the family, saved in tokenizer_config.json: `transformers serve` parses replies
+    # with it (without one it parses no tool calls or reasoning for GPT-OSS, whose model type it has no fallback
+    # for, and returns the text with harmony's markers stripped)
+    add_response_schema(fast)
     return fast
 
 

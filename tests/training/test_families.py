@@ -37,6 +37,9 @@ def test_real_architectures(fam_model):
     stops = model.generation_config.eos_token_id
     stops = stops if isinstance(stops, list) else [stops]
     assert sorted(tok.convert_ids_to_tokens(stops)) == sorted(FAMILIES[fam].stop_tokens)
+    # TRL's response template travels in the folder: `transformers serve` parses tool calls and reasoning with it
+    assert set(tok.response_template["fields"]) == {"content", "tool_calls",
+                                                    "thinking" if fam == "tiny-gptoss" else "reasoning_content"}
     if fam == "tiny-gptoss":
         c = model.config
         assert c.model_type == "gpt_oss" and c.num_local_experts == 4 and c.num_experts_per_tok == 2
