@@ -30,7 +30,10 @@ in the request -- so retries of the same request see the fault end:
 With `tokenizer_dir` (a model folder whose chat template writes Hermes `<tool_call>` blocks, e.g. the tiny student)
 it answers as `vllm serve --reasoning-parser deepseek_r1 --tool-call-parser hermes` does over that tokenizer: the
 scripted reply is model text (`<think>{reasoning}</think>` when `reasoning` is set, then the content or the
-`<tool_call>` block, then the stop token), split into the message's `reasoning` (and its deprecated copy
+`<tool_call>` block, then the stop token; for a template that renders reasoning itself, Qwen3's or GPT-OSS's
+harmony, the text the template renders for the reply with reasoning in its field, and `reasoning_content` of the
+request's messages handed to harmony's `thinking`, as vLLM's harmony renderer takes it; `reasoning_on_calls=False`:
+reasoning on the final answer only), split into the message's `reasoning` (and its deprecated copy
 `reasoning_content`), `content` and `tool_calls`; with `return_token_ids` in the request the response carries the
 prompt's token ids (the request's messages rendered by the chat template, tool-call arguments decoded and
 `reasoning_content` handed to the template, as vLLM does) at the top level and the completion's in
@@ -48,6 +51,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
+END_OF_TURN = ("<|im_end|>", "<|call|>", "<|return|>")
 CONTEXT_MESSAGE = ("This model's maximum context length is 64 tokens. However, you requested 900 tokens "
                    "(836 in the messages, 64 in the completion). Please reduce the length of the messages.")
 
@@ -63,13 +67,21 @@ class FaultServer:
 
     def __init__(self, solutions: dict[str, str] | None = None, direct: dict[str, str] | None = None,
                  tool_turns: int = 1, models: list[str] | None = None, tokenizer_dir: str | None = None,
-                 reasoning: str | None = None) -> None:
+                 reasoning: str | None = None, reasoning_on_calls: bool = True) -> None:
         self.tokenizer = None
+        self._field: str | None = None
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+            from warehouse import chat
+
+            template = self.tokenizer.chat_template
+            # where the template reads reasoning: harmony's `thinking`, Qwen3's `reasoning_content`, or None
+            # (the default tiny student's template has none: the reply is hand-written Hermes text)
+            self._field = "thinking" if chat.dialect_of(template) == "harmony" else chat.reasoning_key(template)
         self.reasoning = reasoning
+        self.reasoning_on_calls = reasoning_on_calls
         self.solutions = dict(solutions or {})
         self.direct = dict(direct or {})
         self.tool_turns = tool_turns
@@ -276,6 +288,26 @@ class FaultServer:
                                                "total_tokens": 50 + ct}}
 
 
+    def _templated_completion(self, tools: Any, msg: dict[str, Any]) -> list[int]:
+        """The completion ids of a model that writes exactly what its chat template renders for `msg` (reasoning
+        in the template's field): the render after a user turn minus the generation prompt, up to its first end
+        of turn. (After a user turn, not after the history: GPT-OSS's template drops the analysis of earlier
+        tool-call turns once a final answer follows, so the history's render would not be a prefix.)"""
+        tok = self.tokenizer
+        history = [{"role": "user", "content": "?"}]
+        turn: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
+        if msg.get("tool_calls"):
+            turn["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(
+                c["function"]["arguments"])}} for c in msg["tool_calls"]]
+        if self.reasoning and (self.reasoning_on_calls or not msg.get("tool_calls")):
+            turn[self._field] = self.reasoning
+        prompt = tok.apply_chat_template(history, tools=tools, tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(history + [turn], tools=tools, tokenize=False)
+        assert full.startswith(prompt), "the template does not extend the generation prompt with the reply"
+        text = full[len(prompt):]
+        end = min((text.index(t) + len(t) for t in END_OF_TURN if t in text), default=len(text))
+        return list(tok(text[:end], add_special_tokens=False)["input_ids"])
+
     def _vllm_completion(self, model: str, msg: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         """The scripted reply as vLLM serves it over a real tokenizer (see the module docstring)."""
         tok = self.tokenizer
@@ -287,20 +319,26 @@ class FaultServer:
                     c["function"]["arguments"])}} for c in m["tool_calls"]]
             if m.get("content") is None:
                 m["content"] = ""
+            if self._field == "thinking" and "reasoning_content" in m:  # harmony: the analysis channel
+                m["thinking"] = m.pop("reasoning_content")
             history.append(m)
         prompt_ids = list(tok.apply_chat_template(history, tools=body.get("tools") or None, tokenize=True,
                                                   add_generation_prompt=True, return_dict=True)["input_ids"])
-        text = f"<think>\n{self.reasoning}\n</think>" if self.reasoning else ""
         calls = msg.get("tool_calls") or []
-        if msg.get("content"):
-            text += ("\n\n" if text else "") + msg["content"]
-        for c in calls:
-            block = json.dumps({"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
-                               ensure_ascii=False)
-            text += ("\n" if text else "") + f"<tool_call>\n{block}\n</tool_call>"
-        ids = list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|im_end|>")]
+        if self._field is None:
+            text = f"<think>\n{self.reasoning}\n</think>" if self.reasoning and (
+                self.reasoning_on_calls or not calls) else ""
+            if msg.get("content"):
+                text += ("\n\n" if text else "") + msg["content"]
+            for c in calls:
+                block = json.dumps({"name": c["function"]["name"],
+                                    "arguments": json.loads(c["function"]["arguments"])}, ensure_ascii=False)
+                text += ("\n" if text else "") + f"<tool_call>\n{block}\n</tool_call>"
+            ids = list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|im_end|>")]
+        else:
+            ids = self._templated_completion(body.get("tools") or None, msg)
         out: dict[str, Any] = {"role": "assistant", "content": msg.get("content"), "tool_calls": calls or None}
-        if self.reasoning:
+        if self.reasoning and (self.reasoning_on_calls or not calls):
             out["reasoning"] = out["reasoning_content"] = self.reasoning
         choice: dict[str, Any] = {"index": 0, "message": out, "finish_reason": "tool_calls" if calls else "stop"}
         if body.get("logprobs"):

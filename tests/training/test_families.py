@@ -214,3 +214,63 @@ def test_a_briefly_trained_student_calls_tools_in_its_family_format(fam_model, r
     for r in called:
         assert r.messages[3].role == "tool" and r.messages[3].content  # the sandbox ran the parsed call
         assert (r.messages[-1].content or "").startswith("Answer:")
+
+
+def _served_rows(path, fam, tasks, backend, thought, *, reasoning_on_calls=True):
+    """Episodes of `tasks` through a FaultServer over `path`'s tokenizer answering as vLLM does."""
+    from agents.openai_policy import OpenAIPolicy
+    from agents.rollout import rollout
+    from tests.agents.fault_server import FaultServer
+
+    with FaultServer(solutions={t.prompt: t.reference.steps[0].arguments["code"] for t in tasks},
+                     tokenizer_dir=str(path), reasoning=thought, reasoning_on_calls=reasoning_on_calls) as srv:
+        # the default template has no reasoning of its own: reasoning goes back inline, as SFT renders it
+        pol = OpenAIPolicy(base_url=srv.base_url, model="ok", name=f"served-{fam}", token_ids=True, logprobs=True,
+                           reasoning_history="inline" if fam == "tiny" else "field", max_retries=0)
+        rows: list = []
+        asyncio.run(rollout(tasks, pol, backend, run_id=f"served-{fam}-{reasoning_on_calls}", concurrency=2,
+                            on_rows=rows.extend, batch_size=len(tasks), progress=False))
+    assert [r.verdict for r in rows] == ["pass"] * len(tasks), [(r.verdict, r.error_message) for r in rows]
+    for r in rows:
+        assistants = [m for m in r.messages if m.role == "assistant"]
+        assert [m.reasoning for m in assistants] == [thought if reasoning_on_calls else None, thought]
+        assert assistants[0].tool_calls and assistants[0].tool_calls[0].function.name == "python"
+        assert len(r.prompt_token_ids) == len(r.completion_token_ids) == 2 and all(r.completion_token_ids)
+    return rows
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("fam", ["tiny", "tiny-qwen3", "tiny-gptoss"])
+def test_an_episode_through_a_loopback_server_has_no_drift_and_keeps_reasoning(fam, train_tasks, backend, tmp_path):
+    """Per family, episodes through a real HTTP server on 127.0.0.1 that answers as vLLM does (reasoning and tool
+    calls parsed into fields, prompt and completion token ids): the rows' stored ids re-render exactly (drift 0)
+    and their reasoning is in SFT's loss-carrying tokens. tests/agents/fault_server.py, not `transformers serve`:
+    serve returns no token ids or logprobs (it refuses `logprobs` with HTTP 422) and hands no reasoning of earlier
+    turns to the template (test_transformers_serve_parses_harmony_tool_calls covers serve itself).
+
+    GPT-OSS: its template drops the analysis of a tool-call turn once a final answer follows, so a row that
+    reasoned before its tool call cannot re-render from the whole conversation: the preflight
+    names it (turn 0's completion, message 2: the render lacks its analysis); reasoning on the final answer
+    alone re-renders exactly."""
+    from training.preflight import preflight_rows
+    from training.sft import tokenize_rows
+
+    path = build_tiny_model(tmp_path / fam, task_corpus(train_tasks, family=fam), family=fam, hidden=32, layers=2,
+                            heads=2, kv_heads=1, vocab_size=600, seed=0)
+    tok = AutoTokenizer.from_pretrained(path)
+    tasks, thought = train_tasks[:2], "I add the two numbers with the tool."
+    rows = _served_rows(path, fam, tasks, backend, thought, reasoning_on_calls=fam != "tiny-gptoss")
+    report = preflight_rows(tok, rows)
+    assert report.with_ids == 2 and report.drifted == [], report.drifted
+    assert report.mask_problems == [] and report.unrenderable == []
+    cols, stats = tokenize_rows(tok, rows, SFTConfig(max_length=4096))
+    assert stats["dropped_malformed"] == stats["dropped_truncated"] == 0
+    for labels in cols["labels"]:
+        trained = tok.decode([t for t in labels if t != -100])
+        if fam == "tiny-gptoss":
+            assert trained.count(f"<|channel|>analysis<|message|>{thought}<|end|>") == 1, trained
+        else:
+            assert trained.count(f"<think>\n{thought}\n</think>") == 2, trained
+    if fam == "tiny-gptoss":
+        drifted = preflight_rows(tok, _served_rows(path, fam, tasks, backend, thought))
+        assert [(d.turn, d.part, d.message, d.role) for d in drifted.drifted] == [(0, "completion", 2, "assistant")] * 2
