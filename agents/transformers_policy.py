@@ -12,7 +12,8 @@ tokens (generation_config.eos_token_id: harmony's `<|call|>` and `<|return|>`, o
 A prompt that leaves no room for `max_new_tokens` within the model's context raises ContextLengthError.
 Each reply carries what the model actually saw and wrote: the prompt's token ids as fed to `generate`, the
 completion's ids (up to and including the stop token) and their logprobs, the chat template's hash
-(`warehouse.chat.template_hash`) and the checkpoint's version (`checkpoint_version`: a content hash of its files).
+(`warehouse.chat.template_hash`) and the checkpoint's version (`checkpoint_version`: a content hash of its files),
+read by `TurnReader`, which the vLLM policy shares.
 Reasoning is rendered the way the template expects (`warehouse.chat.to_template`: harmony's analysis channel, a
 field such as Qwen3's `reasoning_content`, or inline as `<think>` in the content) and read back by the codec.
 Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
@@ -83,6 +84,27 @@ def checkpoint_version(model_path: str | Path) -> str:
             st = p.stat()
             h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
     return f"{'sha256' if by_content else 'stat'}:{h.hexdigest()[:16]}"
+
+
+class TurnReader:
+    """Reads a generated turn the way every in-process policy records it (this one and agents/vllm_policy.py):
+    the completion's ids decoded with special tokens up to the stop token (`completion_text`), parsed by the one
+    codec in the dialect of the tokenizer's chat template (harmony for GPT-OSS, else Hermes), with the template's
+    hash and the model's version (`checkpoint_version`) on the reply."""
+
+    def __init__(self, tokenizer: Any, model_path: str | Path) -> None:
+        self.tokenizer = tokenizer
+        self.dialect = chat.dialect_of(tokenizer.chat_template)
+        self.chat_template_hash = chat.template_hash(tokenizer.chat_template)
+        self.model_version = checkpoint_version(model_path)
+
+    def reply(self, ids: list[int], *, turn: int, prompt_ids: list[int], logprobs: list[float] | None,
+              finish: str | None) -> PolicyReply:
+        message = chat.parse_text(completion_text(self.tokenizer, ids), turn=turn, dialect=self.dialect)
+        return PolicyReply(message=message, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
+                           finish_reason="tool_calls" if message.tool_calls else finish, token_ids=ids,
+                           logprobs=logprobs, prompt_token_ids=prompt_ids or None,
+                           chat_template_hash=self.chat_template_hash, model_version=self.model_version)
 
 
 def sample_key(*parts: Any) -> int:
@@ -168,9 +190,9 @@ class TransformersPolicy:
         self._lock = threading.Lock()
         self._worker: asyncio.Task | None = None
         self._batches = 0
-        self.dialect = chat.dialect_of(self.tokenizer.chat_template)
-        self.chat_template_hash = chat.template_hash(self.tokenizer.chat_template)
-        self.model_version = checkpoint_version(self.model_path)
+        self.reader = TurnReader(self.tokenizer, self.model_path)
+        self.dialect, self.chat_template_hash = self.reader.dialect, self.reader.chat_template_hash
+        self.model_version = self.reader.model_version
         self._stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
     @property
@@ -199,11 +221,7 @@ class TransformersPolicy:
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         out_ids, logprobs, finish = await fut
-        message = chat.parse_text(completion_text(self.tokenizer, out_ids), turn=len(messages), dialect=self.dialect)
-        return PolicyReply(message=message, prompt_tokens=len(ids), completion_tokens=len(out_ids),
-                           finish_reason="tool_calls" if message.tool_calls else finish, token_ids=out_ids,
-                           logprobs=logprobs, prompt_token_ids=ids, chat_template_hash=self.chat_template_hash,
-                           model_version=self.model_version)
+        return self.reader.reply(out_ids, turn=len(messages), prompt_ids=ids, logprobs=logprobs, finish=finish)
 
     async def _drain(self) -> None:
         # Let every worker that is about to ask do so before the batch is cut.

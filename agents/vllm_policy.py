@@ -3,10 +3,12 @@
 - `VLLMPolicy`: vLLM's offline engine (`vllm.LLM`). Concurrent episodes' turns are gathered by a `MicroBatcher`
   (a few ms window, up to `max_batch` conversations) into one `LLM.chat(conversations, sampling_params, tools=...)`
   call run in a worker thread, one engine call at a time (turns that arrive meanwhile form the next batch). The
-  chat template renders the tool schemas; the reply text is read by the one conversation codec,
-  `warehouse.chat.parse_text` (Hermes/Qwen `<tool_call>` blocks; an empty or malformed reply is the loop's to
-  judge). Prompt and completion token ids are always
-  recorded; logprobs of the sampled tokens when `logprobs=True` (SamplingParams(logprobs=0)).
+  chat template renders the tool schemas; the completion's token ids are read as the in-process transformers
+  policy reads them (`agents.transformers_policy.TurnReader`: decoded with special tokens, not vLLM's text, which
+  drops harmony's markers; parsed by the one codec, `warehouse.chat.parse_text`, in the dialect of the model's chat
+  template, Hermes `<tool_call>` blocks or GPT-OSS harmony; an empty or malformed reply is the loop's to judge),
+  with the template's hash and the model's version. Prompt and completion token ids are always recorded; logprobs
+  of the sampled tokens when `logprobs=True` (SamplingParams(logprobs=0)).
 - The server path: `serve_argv(model, ...)` is the `vllm serve MODEL --enable-auto-tool-choice --tool-call-parser
   hermes` command line, `VLLMServer` starts it and waits for /v1/models, and `server_policy(...)` is an
   `OpenAIPolicy` on it asking for prompt and completion token ids (`token_ids=True`: vLLM's `return_token_ids`)
@@ -30,6 +32,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from agents.openai_policy import OpenAIPolicy, check_endpoint
 from agents.policy import EndpointError, ModelError, PolicyReply, PolicySetupError
+from agents.transformers_policy import TurnReader
 from tasks.spec import Task
 from warehouse import chat
 from warehouse.record import Message, Source
@@ -135,6 +138,7 @@ class VLLMPolicy:
         if max_model_len:
             kw["max_model_len"] = max_model_len
         self.llm = llm if llm is not None else vllm.LLM(**kw)
+        self.reader = TurnReader(self.llm.get_tokenizer(), model)
         self._SamplingParams = vllm.SamplingParams
         self.max_batch = max_batch
         self.window_s = window_s
@@ -178,10 +182,8 @@ class VLLMPolicy:
         lps: list[float] | None = None
         if self.logprobs and out.logprobs:
             lps = [float(step[tid].logprob) if tid in step else float("nan") for tid, step in zip(ids, out.logprobs)]
-        return PolicyReply(message=chat.parse_text(out.text, turn=turn),
-                           prompt_tokens=len(req_out.prompt_token_ids or []), completion_tokens=len(ids),
-                           finish_reason=out.finish_reason, token_ids=ids, logprobs=lps,
-                           prompt_token_ids=[int(t) for t in req_out.prompt_token_ids or []] or None)
+        return self.reader.reply(ids, turn=turn, prompt_ids=[int(t) for t in req_out.prompt_token_ids or []],
+                                 logprobs=lps, finish=out.finish_reason)
 
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
                     sample_index: int) -> PolicyReply:

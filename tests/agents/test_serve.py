@@ -5,6 +5,7 @@ the same verdicts on the same tasks (greedy decoding)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -81,13 +82,15 @@ def student(tmp_path_factory, backend):
     return Path(res.checkpoint_path)
 
 
-@pytest.fixture(scope="module")
-def server(student):
+@contextlib.contextmanager
+def transformers_serve(model_dir: Path):
+    """`transformers serve MODEL_DIR` on a free 127.0.0.1 port (CPU, one thread, offline); yields its /v1 URL and
+    stops it. Its log is MODEL_DIR/serve.log."""
     port = _free_port()
     exe = str(Path(sys.executable).with_name("transformers"))
-    log = open(student / "serve.log", "w")  # noqa: SIM115
+    log = open(model_dir / "serve.log", "w")  # noqa: SIM115
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([exe, "serve", str(student), "--host", "127.0.0.1", "--port", str(port), "--device",
+    proc = subprocess.Popen([exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device",
                              "cpu", "--default-seed", "0"], stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -101,8 +104,8 @@ def server(student):
             except OSError:
                 pass
             if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"transformers serve did not start: {(student / 'serve.log').read_text()[-2000:]}")
-            time.sleep(1)
+                raise RuntimeError(f"transformers serve did not start: {(model_dir / 'serve.log').read_text()[-2000:]}")
+            time.sleep(0.5)
         yield f"{url}/v1"
     finally:
         proc.terminate()
@@ -112,6 +115,12 @@ def server(student):
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(student):
+    with transformers_serve(student) as url:
+        yield url
 
 
 def test_served_student_tool_calls_round_trip_and_match_in_process_verdicts(student, server, backend):

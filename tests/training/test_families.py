@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -100,6 +101,47 @@ def test_trl_recognises_the_template_and_parses_like_the_codec(fam_model, train_
     theirs = tok.parse_response(tok(completion, add_special_tokens=False)["input_ids"], prefix=list(prefix))
     assert theirs["tool_calls"][0]["function"]["name"] == "python"
     assert theirs["tool_calls"][0]["function"]["arguments"] == {"code": "print(2 + 3)"}
+    # what `transformers serve` answers with: its own parser over the response template the folder carries
+    from transformers.cli.serving.utils import parse_assistant_message
+
+    content, reasoning, calls = parse_assistant_message(tok, AutoModelForCausalLM.from_pretrained(path), ids, prefix)
+    assert (reasoning or "").strip() == "I will compute it." and not (content or "").strip()
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("python", {"code": "print(2 + 3)"})]
+
+
+def test_vllm_policy_reads_the_family_dialect_and_records_template_and_version(fam_model, train_tasks):
+    """vLLM is not installed here (no GPU): its policy's reply path runs on a TEST DOUBLE of vLLM's RequestOutput
+    (the completion's token ids and logprobs, and `text` decoded as vLLM decodes it, special tokens skipped) over
+    the family's real tokenizer. The reply is read from the ids by the transformers policy's TurnReader."""
+    from types import SimpleNamespace
+
+    from agents.transformers_policy import TurnReader, checkpoint_version
+    from agents.vllm_policy import VLLMPolicy
+
+    fam, path = fam_model
+    tok = AutoTokenizer.from_pretrained(path)
+    conv, tools = reference_conversation(train_tasks[0], family=fam), tool_schemas(["python"])
+    prompt = tok.apply_chat_template(conv[:2], tools=tools, tokenize=False, add_generation_prompt=True)
+    msg = Message(role="assistant", reasoning="I will compute it.",
+                  tool_calls=[ToolCall(id="x", function=FunctionCall(name="python", arguments='{"code": "print(5)"}'))])
+    full = tok.apply_chat_template(conv[:2] + chat.to_template([msg], template=tok.chat_template), tools=tools,
+                                   tokenize=False)
+    end = "<|call|>" if fam == "tiny-gptoss" else "<|im_end|>"
+    ids = tok(full[len(prompt):].split(end)[0] + end, add_special_tokens=False)["input_ids"]
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    out = SimpleNamespace(token_ids=ids, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in ids],
+                          text=tok.decode(ids, skip_special_tokens=True), finish_reason="stop")
+    policy = object.__new__(VLLMPolicy)  # no engine: only the reply path runs
+    policy.logprobs, policy.reader = True, TurnReader(tok, path)
+    r = policy._to_reply(SimpleNamespace(outputs=[out], prompt_token_ids=prompt_ids), turn=2)
+    assert r.message.reasoning == "I will compute it." and r.finish_reason == "tool_calls"
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in r.message.tool_calls] == \
+        [("call_2_0", "python", {"code": "print(5)"})]
+    assert r.token_ids == ids and r.prompt_token_ids == prompt_ids and r.logprobs == [-0.5] * len(ids)
+    assert r.chat_template_hash == chat.template_hash(tok.chat_template) and r.chat_template_hash
+    assert r.model_version == checkpoint_version(path) and r.model_version.startswith("sha256:")
+    if fam == "tiny-gptoss":  # vLLM's own text has lost harmony's markers: the codec could not read a call in it
+        assert chat.parse_text(out.text, turn=2, dialect="harmony").tool_calls is None
 
 
 def _reasoning_row(ref_row):
@@ -274,3 +316,40 @@ def test_an_episode_through_a_loopback_server_has_no_drift_and_keeps_reasoning(f
     if fam == "tiny-gptoss":
         drifted = preflight_rows(tok, _served_rows(path, fam, tasks, backend, thought))
         assert [(d.turn, d.part, d.message, d.role) for d in drifted.drifted] == [(0, "completion", 2, "assistant")] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_transformers_serve_parses_harmony_tool_calls(ref_rows, train_tasks, backend, tmp_path):
+    """`transformers serve` over a tiny-gptoss student (60 SFT steps on 4 episodes, ~20 s; serve starts in ~20 s):
+    the OpenAI-compatible policy gets the harmony tool call as a structured `tool_calls` entry, parsed by serve
+    with TRL's response template that the model folder carries (without it serve parses nothing for GPT-OSS and
+    strips harmony's markers from the text). That serve's parser reads the analysis channel as reasoning is
+    checked on the template's own text in test_trl_recognises_the_template_and_parses_like_the_codec (this
+    briefly trained student does not write a clean analysis message)."""
+    from agents.openai_policy import OpenAIPolicy
+    from agents.rollout import rollout
+    from tests.agents.test_serve import transformers_serve
+    from training.sft import train_sft
+
+    tasks = train_tasks[:4]
+    base = build_tiny_model(tmp_path / "base", task_corpus(tasks, family="tiny-gptoss"), family="tiny-gptoss",
+                            hidden=32, layers=2, heads=2, kv_heads=1, vocab_size=600, seed=0)
+    student = train_sft(base, ref_rows[:4], tmp_path / "sft", SFTConfig(max_steps=60, batch_size=4, learning_rate=1e-2,
+                                                                warmup_ratio=0.0), progress=False).checkpoint_path
+    with transformers_serve(Path(student)) as url:
+        pol = OpenAIPolicy(base_url=url, model=str(student), name="serve-gptoss", source="student",
+                           temperature=0.0, max_tokens=64, seed=0, max_retries=0, timeout_s=120)
+        served: list = []
+        asyncio.run(rollout(tasks, pol, backend, run_id="serve-gptoss", concurrency=2, on_rows=served.extend,
+                            batch_size=4, progress=False, max_turns=2))
+    called = [r for r in served if r.n_tool_calls]
+    assert len(called) >= 3, [(r.verdict, r.error_message, [m.model_dump() for m in r.messages[2:]]) for r in served]
+    for r in called:
+        call = r.messages[2].tool_calls[0]
+        assert call.id.endswith("_tool_call_0")  # serve's id: serve parsed the call, not our text fallback
+        assert call.function.name == "python" and "code" in json.loads(call.function.arguments)
+        assert r.messages[3].role == "tool" and r.messages[3].content  # the sandbox ran it
+    for r in served:
+        for m in r.messages:
+            assert "<|channel|>" not in (m.content or "") and "commentary json" not in (m.content or "")
