@@ -27,8 +27,11 @@ the first choice into a `PolicyReply`:
 - tool calls kept exactly as produced (arguments as the raw JSON string), read by `warehouse.chat.from_chat`
   (the one conversation codec): the episode loop decodes them, so bad JSON, an unknown tool or an empty reply
   becomes a model_error row, never a crash. With `text_tool_calls` (default on), a reply whose content carries
-  Hermes/Qwen `<tool_call>{...}</tool_call>` blocks that the server did not parse (a server started without a tool
-  parser) is parsed by the same codec, call ids `call_{turn}_{i}`.
+  Hermes/Qwen `<tool_call>{...}</tool_call>` blocks or GPT-OSS harmony text that the server did not parse (a
+  server started without a tool parser) is parsed by the same codec, call ids `call_{turn}_{i}`. `transformers
+  serve` parses harmony itself when the model folder carries TRL's response template (the tiny families do);
+  without one it strips harmony's special tokens and nothing is left to parse. It returns no token ids or
+  logprobs (it refuses `logprobs` with HTTP 422), so its rows carry none.
 
 Reusable helpers: `cost_usd`, `retry_after_seconds`, `is_context_length_message`.
 `check_endpoint` is the CLI's preflight: an unreachable endpoint or unknown model fails fast with one clear line.

@@ -209,7 +209,10 @@ def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> 
 
     Assistant tool calls keep their id (else `call_id(turn, j)`); arguments go through `encode_arguments`; a call
     without a function name (or a non-function call) is kept as MALFORMED with its JSON as arguments. An assistant
-    turn without calls whose content holds `<tool_call>` text is parsed with `parse_text` when text_tool_calls.
+    turn without calls whose content holds `<tool_call>` text, or harmony text (`<|message|>`: a GPT-OSS server
+    that kept the special tokens but parsed nothing), is parsed with `parse_text` in that dialect when
+    text_tool_calls. (A server that strips harmony's special tokens leaves nothing to parse: `transformers serve`
+    does so unless the model folder carries a response template, see training/tiny.py.)
     Reasoning comes from `reasoning` (vLLM's current field), else `reasoning_content` (its older name, and
     DeepSeek's), else an opening `<think>` block of the content (a server without a reasoning parser).
     Tool, user and system messages keep their content, tool_call_id and name.
@@ -234,6 +237,9 @@ def from_chat(d: dict[str, Any], *, turn: int, text_tool_calls: bool = True) -> 
     reasoning = next((_content(d[k]) for k in ("reasoning", "reasoning_content") if isinstance(d.get(k), str)), None)
     if reasoning is None and isinstance(content, str):
         reasoning, content = split_reasoning(content)
+    if not calls and text_tool_calls and isinstance(content, str) and "<|message|>" in content:
+        parsed = parse_text(content, turn=turn, dialect="harmony")  # harmony text a server left unparsed
+        return parsed if reasoning is None else parsed.model_copy(update={"reasoning": reasoning})
     if not calls and text_tool_calls and isinstance(content, str) and CALL_OPEN in content:
         return parse_text(content, turn=turn).model_copy(update={"reasoning": reasoning})
     return Message(role="assistant", content=_content(content), tool_calls=calls or None, reasoning=reasoning)

@@ -90,6 +90,10 @@ def test_harmony_replies_read_into_reasoning_content_and_calls():
     assert chat.is_empty(chat.parse_text("", turn=1, dialect="harmony"))
     with pytest.raises(ValueError, match="dialect"):
         chat.parse_text("x", turn=1, dialect="llama")
+    # a server that returns harmony text unparsed (special tokens kept): the same codec reads it
+    served = chat.from_chat({"role": "assistant", "content": text + "<|call|>"}, turn=2)
+    assert (served.reasoning, served.content, served.tool_calls) == (m.reasoning, None, m.tool_calls)
+    assert chat.from_chat({"role": "assistant", "content": text}, turn=2, text_tool_calls=False).tool_calls is None
 
 
 def test_think_blocks_are_reasoning_and_reasoning_renders_per_dialect():
