@@ -343,13 +343,7 @@ print(sys.argv[1], json.dumps({k: r.get(k) for k in ("valid", "error_type", "err
 
 
 def _sandbox_files(wheel: Path, classes: list[str]) -> dict[str, str]:
-    """The wheel's sources BFCL's checker needs for these classes (with every package __init__ on the way): a new
-    dict each call (callers add their job file to it), read and parsed once per wheel and class set."""
-    return dict(_sandbox_sources(wheel, tuple(classes)))
-
-
-@functools.lru_cache(maxsize=64)
-def _sandbox_sources(wheel: Path, classes: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The wheel's sources BFCL's checker needs for these classes (with every package __init__ on the way)."""
     mods = {p.removesuffix(".py").replace("/", ".") for p in _CHECKER}
     todo = [_class_modules(wheel)[c] for c in classes]
     while todo:
@@ -361,8 +355,7 @@ def _sandbox_sources(wheel: Path, classes: tuple[str, ...]) -> tuple[tuple[str, 
     for m in list(mods):
         parts = m.split(".")
         paths |= {"/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts))}
-    with zipfile.ZipFile(wheel) as zf:
-        return tuple((p, zf.read(p).decode("utf-8")) for p in sorted(paths))
+    return {p: _read(wheel, p) for p in sorted(paths)}
 
 
 def check_in_sandbox(entry: dict[str, Any], model_turns: list[list[str]], backend: Backend,
