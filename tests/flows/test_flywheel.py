@@ -25,10 +25,13 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
+# Sizes are the smallest that keep every check meaningful (CI time): 4 held-out tasks a suite still give the
+# control and the promotion rule both checkpoints' greedy and sampled scores; round 1's 40 SFT steps are a window
+# the kill lands in because the test waits for SFT's first logged step, not for a fixed time.
 SMALL = [
-    "--set", 'flywheel.suites=[{suite="arithmetic",train_tasks=40,heldout_tasks=8},'
-             '{suite="arithmetic",difficulty=2,from_round=2,train_tasks=20,heldout_tasks=8}]',
-    "--set", "sft.max_steps=120", "--set", "flywheel.later_sft_steps=20", "--set", "grpo.max_steps=1",
+    "--set", 'flywheel.suites=[{suite="arithmetic",train_tasks=40,heldout_tasks=4},'
+             '{suite="arithmetic",difficulty=2,from_round=2,train_tasks=20,heldout_tasks=4}]',
+    "--set", "sft.max_steps=40", "--set", "flywheel.later_sft_steps=10", "--set", "grpo.max_steps=1",
     "--set", "grpo.num_generations=2", "--set", "grpo.prompts_per_step=1", "--set", "flywheel.pass_k=2",
     "--set", "flywheel.student_train_tasks=10", "--set", "student.tiny.hidden=64", "--set", "student.tiny.layers=2",
     "--set", "student.tiny.copy_warmup_steps=20",
@@ -111,18 +114,22 @@ def test_kill_during_sft_then_resume_matches_uninterrupted(tmp_path, prefect_api
     assert expected["trajectories"] == expected["distinct_ids"] == expected["raw"] > 0
     assert expected["datasets"] == 2 and expected["checkpoints"] >= 5
 
-    # the same run, killed (SIGKILL, whole process group) while round 1's SFT is training
-    proc = subprocess.Popen([FLYWHEEL, "run", "--out", str(broken), *SMALL, "--set", 'run.run_id="fw1"'], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # the same run, killed (SIGKILL, whole process group) while round 1's SFT is training: once the trainer has
+    # logged its first step's loss (the first `{'loss': ...}` line of the run; the copy warm-up logs `loss=`)
+    out_log = tmp_path / "broken.log"
+    with open(out_log, "w") as log:
+        proc = subprocess.Popen([FLYWHEEL, "run", "--out", str(broken), *SMALL, "--set", 'run.run_id="fw1"'],
+                                env={**env, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     ledger = broken / "runs" / "fw1" / "stages"
     deadline = time.time() + 900
-    while not (ledger / "001-curate.json").exists():
-        assert proc.poll() is None and time.time() < deadline, "the run ended before reaching SFT"
-        time.sleep(0.5)
-    time.sleep(8)  # inside SFT (model loading and the first steps)
+    while not (ledger / "001-curate.json").exists() or "{'loss': " not in out_log.read_text(errors="replace"):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before reaching SFT's first step"
+        time.sleep(0.2)
     assert not (ledger / "001-sft.json").exists(), "SFT finished before the kill: make the test's SFT longer"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert "round 1 sft: starting" in out_log.read_text(errors="replace")
 
     p = subprocess.run([FLYWHEEL, "run", "--out", str(broken), "--resume", "fw1"], env=env, capture_output=True,
                        text=True, timeout=1200)

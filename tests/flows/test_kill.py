@@ -125,7 +125,10 @@ def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = 
     gen = ["--set", f"generate.n_tasks={n_tasks}", "--set", "generate.samples=1", "--set", "rollout.concurrency=8",
            "--set", f"sandbox.backend={json.dumps(backend)}", "--set", f"run.out={json.dumps(str(tmp / out))}"]
     args = {"generate": ["generate", *gen],
-            "run": ["run", *gen, "--set", "student.tiny.copy_warmup_steps=0"],  # straight to the rollouts
+            # straight to the rollouts: no copy warm-up, and a held-out split of 2 tasks for round 0's baseline
+            # (the default schedule scores 100 there first); its 400 train tasks keep round 1's teacher busy
+            "run": ["run", *gen, "--set", "student.tiny.copy_warmup_steps=0", "--set",
+                    f'flywheel.suites=[{{suite="arithmetic",train_tasks={n_tasks},heldout_tasks=2}}]'],
             "serve": ["serve", "--flow", "generate", *gen]}[command]
     with open(tmp / f"{out}.out", "w") as o, open(tmp / f"{out}.err", "w") as e:
         return subprocess.Popen([FLYWHEEL, *args], env={**env, "PYTHONUNBUFFERED": "1"}, cwd=tmp, stdout=o, stderr=e)

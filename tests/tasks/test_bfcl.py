@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -143,15 +144,17 @@ def test_the_checker_and_the_classes_run_inside_a_sandbox(wheel, entries):
     from sandbox.result import SandboxConfig
 
     kept, _ = entries
-    with open_backend(SandboxConfig(backend="local")) as backend:
-        failed = [e["id"] for e in kept if not bfcl.check_in_sandbox(e, e["ground_truth"], backend, wheel)["valid"]]
-        print(f"\nin the sandbox: ground truth passes on {len(kept) - len(failed)}/{len(kept)}")
-        assert not failed, failed
-        for e in kept[:10]:
-            turns = [list(t) for t in e["ground_truth"]]
-            del turns[0][0]
-            got = bfcl.check_in_sandbox(e, turns, backend, wheel)
-            assert got["valid"] is False and got["error_type"].startswith("multi_turn:"), (e["id"], got)
+    dropped = [[list(t) for t in e["ground_truth"]] for e in kept[:10]]
+    for turns in dropped:
+        del turns[0][0]
+    jobs = [(e, e["ground_truth"]) for e in kept] + list(zip(kept[:10], dropped))
+    with open_backend(SandboxConfig(backend="local"), pool_size=4) as backend, ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda job: bfcl.check_in_sandbox(*job, backend, wheel), jobs))
+    failed = [e["id"] for e, r in zip(kept, got) if not r["valid"]]
+    print(f"\nin the sandbox: ground truth passes on {len(kept) - len(failed)}/{len(kept)}")
+    assert not failed, failed
+    for e, r in zip(kept[:10], got[len(kept):]):
+        assert r["valid"] is False and r["error_type"].startswith("multi_turn:"), (e["id"], r)
 
 
 # ------------------------------------------------------------------------------------------------ rollouts

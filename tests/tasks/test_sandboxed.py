@@ -75,9 +75,13 @@ def test_starters_fail_and_broken_solutions_fail_closed(docker_backend):
     (task,) = load_suite("code", 1, "train", seed=11, difficulty=2)
     msgs = conversation(task)
     assert verify(task, msgs, backend=docker_backend).verdict == "fail"  # the starter (stub or bug) fails
+    # the hang holds every test to its limit (65.7 s of judging at the default 5 s, 30 s at 1 s, measured on Docker):
+    # a 1 s limit shows the same fail-closed verdict
+    hung = task.model_copy(update={"verifier": task.verifier.model_copy(update={"timeout_s": 1.0})})
     for src in ("def oops(:\n", "", "while True:\n    pass\n", "import os\nos.close(1)\nos.close(2)\n"):
-        ws = workspace_snapshot_of(task, {"solution.py": src}, docker_backend)
-        o = verify(task, msgs, backend=docker_backend, workspace=ws)
+        judged = hung if src.startswith("while True") else task
+        ws = workspace_snapshot_of(judged, {"solution.py": src}, docker_backend)
+        o = verify(judged, msgs, backend=docker_backend, workspace=ws)
         assert o.verdict == "fail" and o.reward == 0.0, (src, o.details.get("error"))
 
 
