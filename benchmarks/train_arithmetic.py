@@ -69,7 +69,10 @@ def main() -> None:
     ap.add_argument("--grpo-max-completion", type=int, default=128,
                     help="token budget of a GRPO episode's turns and tool results (too small truncates correct ones)")
     ap.add_argument("--eval-samples", type=int, default=0,
-                    help="also score k sampled episodes per held-out task at T=1 (mean reward over k x tasks)")
+                    help="also score k sampled episodes per held-out task at --eval-temperature (mean reward over "
+                         "k x tasks: the flywheel's sampled pass@1)")
+    ap.add_argument("--eval-temperature", type=float, default=1.0,
+                    help="temperature of the sampled score (the flywheel samples at flywheel.sample_temperature)")
     ap.add_argument("--sft-checkpoint", default=None,
                     help="start from this SFT checkpoint: skip the teacher rollouts, the base and SFT")
     ap.add_argument("--seed", type=int, default=0)
@@ -96,9 +99,10 @@ def main() -> None:
             table.append({"stage": stage, "pass_rate": ev.pass_rate, "mean_reward": ev.mean_reward,
                           "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
             if args.eval_samples:
-                ev, w, c = _timed(evaluate, model, tasks, backend, samples=args.eval_samples, temperature=1.0,
+                ev, w, c = _timed(evaluate, model, tasks, backend, samples=args.eval_samples,
+                                  temperature=args.eval_temperature,
                                   seed=args.seed)
-                table.append({"stage": f"{stage} T=1 x{args.eval_samples}", "pass_rate": ev.pass_rate,
+                table.append({"stage": f"{stage} T={args.eval_temperature:g} x{args.eval_samples}", "pass_rate": ev.pass_rate,
                               "mean_reward": ev.mean_reward, "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
 
         sft_path = args.sft_checkpoint
@@ -131,6 +135,8 @@ def main() -> None:
             if args.score_grpo_train:
                 score("grpo grpo-train tasks", g.checkpoint_path, gtrain)
             score(f"grpo heldout d{args.grpo_difficulty}", g.checkpoint_path, gheld)
+            if args.grpo_difficulty != args.difficulty:
+                score(f"grpo heldout d{args.difficulty}", g.checkpoint_path, held)
     _print(args, table)
 
 
@@ -200,7 +206,7 @@ def _print(args, table: list[dict]) -> None:
     sft_r = next((r for r in table if r["stage"] == "sft heldout"), None)
     if base_r and sft_r:
         print(f"held-out pass: base {base_r['pass_rate']:.0%} -> SFT {sft_r['pass_rate']:.0%}")
-    for suffix in ("", f" T=1 x{args.eval_samples}"):
+    for suffix in ("", f" T={args.eval_temperature:g} x{args.eval_samples}"):
         before = next((r for r in table if r["stage"] == f"sft heldout{suffix}"), None)
         after = next((r for r in table if r["stage"] == f"grpo heldout d{args.grpo_difficulty}{suffix}"), None)
         if before and after and args.grpo_difficulty == args.difficulty:
