@@ -75,6 +75,9 @@ def main() -> None:
                     help="temperature of the sampled score (the flywheel samples at flywheel.sample_temperature)")
     ap.add_argument("--sft-checkpoint", default=None,
                     help="start from this SFT checkpoint: skip the teacher rollouts, the base and SFT")
+    ap.add_argument("--sft-base", default=None,
+                    help="continue SFT from this checkpoint (e.g. a flywheel round-1 student) instead of a fresh tiny "
+                         "base with its copy warm-up: the teacher rollouts and SFT still run")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -162,13 +165,16 @@ def _teacher_and_sft(args, held, backend, table, score) -> str:
         teacher, n = _without_tool(teacher, args.sft_no_tool_share, args.seed)
         table.append({"stage": "demos without the tool", "replaced": n, "of": len(teacher), "wall_s": 0.0,
                       "cpu_s": 0.0})
-    base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
-                        layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
-    table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
-    warm, w, c = _timed(warm_up_copying, base, [t.prompt for t in train], steps=args.copy_warmup_steps,
-                        seed=args.seed)
-    table.append({"stage": "copy warm-up", "steps": warm.steps, "final_loss": warm.final_loss, "wall_s": w,
-                  "cpu_s": c})
+    if args.sft_base:
+        base = args.sft_base
+    else:
+        base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
+                            layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
+        table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
+        warm, w, c = _timed(warm_up_copying, base, [t.prompt for t in train], steps=args.copy_warmup_steps,
+                            seed=args.seed)
+        table.append({"stage": "copy warm-up", "steps": warm.steps, "final_loss": warm.final_loss, "wall_s": w,
+                      "cpu_s": c})
     score("base heldout", base, held)
     cfg = SFTConfig(max_steps=args.sft_steps, learning_rate=args.lr, weight_decay=args.weight_decay,
                     batch_size=args.batch, seed=args.seed)
