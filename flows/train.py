@@ -106,10 +106,10 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
                           "tasks give signal, %d used (flywheel.grpo_max_tasks); skipped: %s", round,
                           cfg.grpo.num_generations, len(plan.grpo_tasks), len(tasks), len(chosen),
                           ", ".join(f"{k} {v}" for k, v in skipped.items()) or "none")
-    write_rows(root, "rounds", [metric(run_id, round, "grpo", "stage", "train", "all", "grpo_tasks", len(chosen))]
-               + [metric(run_id, round, "grpo", "stage", "train", "all", f"grpo_skipped:{k}", v)
-                  for k, v in skipped.items()])
+    task_rows = [metric(run_id, round, "grpo", "stage", "train", "all", "grpo_tasks", len(chosen))] + [
+        metric(run_id, round, "grpo", "stage", "train", "all", f"grpo_skipped:{k}", v) for k, v in skipped.items()]
     if not chosen:
+        write_rows(root, "rounds", task_rows)
         return {**parent, "skipped": "no task gives signal (all always passed or always failed)",
                 "skipped_tasks": skipped}
     out = model_dir(root, f"{run_id}-r{round}-grpo")
@@ -127,7 +127,7 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
                "warnings": res.warnings, "episode_rows": res.rows_written}
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="grpo", path=res.checkpoint_path,
                              parent_id=parent["checkpoint_id"], metrics=metrics)
-    rows = [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
+    rows = task_rows + [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
     if res.rewards:
         rows += [metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_first", res.rewards[0]),
                  metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_last", res.rewards[-1])]
