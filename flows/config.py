@@ -245,7 +245,9 @@ class FlywheelSection(BaseModel):
                        "(reward 0). Measured (benchmarks/train_arithmetic.py, a round-1 student continued 150 SFT "
                        "steps on teacher passes with 30% answered from memory, 50 held-out d1 tasks x 4 samples at "
                        "T=0.8): SFT greedy 100%, sampled pass@1 0.755 (48 of 200 hacks); 16 GRPO steps (8 x 4 "
-                       "episodes a step, lr 1e-4) -> greedy 100%, sampled 0.925 (13 hacks). Without that room (the "
+                       "episodes a step, lr 1e-4) -> greedy 100%, sampled 0.925 (13 hacks); over 3 seeds the gain "
+                       "was +0.170, +0.190, +0.145 (sd 0.023; the noise of one score is 0.023, see "
+                       "promote_margin), greedy 100% -> 100% in each. Without that room (the "
                        "plain teacher mix) SFT is at 100% greedy and 0.995 sampled and 15 of 16 groups had zero "
                        "advantage.")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
