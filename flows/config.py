@@ -244,12 +244,13 @@ class FlywheelSection(BaseModel):
                        "leave the SFT student skipping the tool now and then, which the judge scores as a hack "
                        "(reward 0). Measured (benchmarks/train_arithmetic.py, a round-1 student continued 150 SFT "
                        "steps on teacher passes with 30% answered from memory, 50 held-out d1 tasks x 4 samples at "
-                       "T=0.8): SFT greedy 100%, sampled pass@1 0.755 (48 of 200 hacks); 16 GRPO steps (8 x 4 "
-                       "episodes a step, lr 1e-4) -> greedy 100%, sampled 0.925 (13 hacks); over 3 seeds the gain "
+                       "T=0.8): SFT greedy 100%, sampled pass@1 0.755 (48 of 200 hacks); 16 GRPO steps (4 tasks x 8 "
+                       "samples a step, lr 1e-4) -> greedy 100%, sampled 0.925 (13 hacks); over 3 seeds the gain "
                        "was +0.170, +0.190, +0.145 (sd 0.023; the noise of one score is 0.023, see "
                        "promote_margin), greedy 100% -> 100% in each. Without that room (the "
-                       "plain teacher mix) SFT is at 100% greedy and 0.995 sampled and 15 of 16 groups had zero "
-                       "advantage.")
+                       "plain teacher mix) SFT is at 100% greedy and 0.995 sampled on d1 and GRPO has nothing to "
+                       "learn; on the harder d2 tasks it fails the same way in every sample (greedy 78%, sampled "
+                       "0.775, and 0.775 after 16 GRPO steps: nearly every group had zero advantage).")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
