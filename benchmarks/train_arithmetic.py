@@ -5,8 +5,8 @@ Steps, all real: reference-teacher episodes through the episode loop in sandboxe
 train prompts, training/warmup.py); the base scored on the held-out split (baseline, same
 process); SFT on the teacher's passing episodes; the SFT student scored; optionally GRPO from the SFT student on a
 train suite and scored again. Prints a table (held-out pass rate, mean reward, wall and CPU seconds per stage) and
-writes JSON to --out. With --eval-samples k every score also samples k episodes per task at T=1 (seeded per
-request, so both checkpoints meet the same draws), a finer measure of mean reward than greedy pass@1.
+writes JSON to --out. With --eval-samples k every score also samples k episodes per task at --eval-temperature
+(seeded per request, so both checkpoints meet the same draws), a finer measure of mean reward than greedy pass@1.
 
     .venv/bin/python benchmarks/train_arithmetic.py --out /tmp/train-arith.json
     # GRPO from an existing SFT checkpoint (e.g. a flywheel round-1 student) on the harder suite:
