@@ -5,8 +5,8 @@ Steps, all real: reference-teacher episodes through the episode loop in sandboxe
 train prompts, training/warmup.py); the base scored on the held-out split (baseline, same
 process); SFT on the teacher's passing episodes; the SFT student scored; optionally GRPO from the SFT student on a
 train suite and scored again. Prints a table (held-out pass rate, mean reward, wall and CPU seconds per stage) and
-writes JSON to --out. With --eval-samples k every score also samples k episodes per task at T=1 (seeded per
-request, so both checkpoints meet the same draws), a finer measure of mean reward than greedy pass@1.
+writes JSON to --out. With --eval-samples k every score also samples k episodes per task at --eval-temperature
+(seeded per request, so both checkpoints meet the same draws), a finer measure of mean reward than greedy pass@1.
 
     .venv/bin/python benchmarks/train_arithmetic.py --out /tmp/train-arith.json
     # GRPO from an existing SFT checkpoint (e.g. a flywheel round-1 student) on the harder suite:
@@ -69,9 +69,15 @@ def main() -> None:
     ap.add_argument("--grpo-max-completion", type=int, default=128,
                     help="token budget of a GRPO episode's turns and tool results (too small truncates correct ones)")
     ap.add_argument("--eval-samples", type=int, default=0,
-                    help="also score k sampled episodes per held-out task at T=1 (mean reward over k x tasks)")
+                    help="also score k sampled episodes per held-out task at --eval-temperature (mean reward over "
+                         "k x tasks: the flywheel's sampled pass@1)")
+    ap.add_argument("--eval-temperature", type=float, default=1.0,
+                    help="temperature of the sampled score (the flywheel samples at flywheel.sample_temperature)")
     ap.add_argument("--sft-checkpoint", default=None,
                     help="start from this SFT checkpoint: skip the teacher rollouts, the base and SFT")
+    ap.add_argument("--sft-base", default=None,
+                    help="continue SFT from this checkpoint (e.g. a flywheel round-1 student) instead of a fresh tiny "
+                         "base with its copy warm-up: the teacher rollouts and SFT still run")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -96,9 +102,10 @@ def main() -> None:
             table.append({"stage": stage, "pass_rate": ev.pass_rate, "mean_reward": ev.mean_reward,
                           "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
             if args.eval_samples:
-                ev, w, c = _timed(evaluate, model, tasks, backend, samples=args.eval_samples, temperature=1.0,
+                ev, w, c = _timed(evaluate, model, tasks, backend, samples=args.eval_samples,
+                                  temperature=args.eval_temperature,
                                   seed=args.seed)
-                table.append({"stage": f"{stage} T=1 x{args.eval_samples}", "pass_rate": ev.pass_rate,
+                table.append({"stage": f"{stage} T={args.eval_temperature:g} x{args.eval_samples}", "pass_rate": ev.pass_rate,
                               "mean_reward": ev.mean_reward, "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
 
         sft_path = args.sft_checkpoint
@@ -131,6 +138,8 @@ def main() -> None:
             if args.score_grpo_train:
                 score("grpo grpo-train tasks", g.checkpoint_path, gtrain)
             score(f"grpo heldout d{args.grpo_difficulty}", g.checkpoint_path, gheld)
+            if args.grpo_difficulty != args.difficulty:
+                score(f"grpo heldout d{args.difficulty}", g.checkpoint_path, held)
     _print(args, table)
 
 
@@ -156,13 +165,16 @@ def _teacher_and_sft(args, held, backend, table, score) -> str:
         teacher, n = _without_tool(teacher, args.sft_no_tool_share, args.seed)
         table.append({"stage": "demos without the tool", "replaced": n, "of": len(teacher), "wall_s": 0.0,
                       "cpu_s": 0.0})
-    base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
-                        layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
-    table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
-    warm, w, c = _timed(warm_up_copying, base, [t.prompt for t in train], steps=args.copy_warmup_steps,
-                        seed=args.seed)
-    table.append({"stage": "copy warm-up", "steps": warm.steps, "final_loss": warm.final_loss, "wall_s": w,
-                  "cpu_s": c})
+    if args.sft_base:
+        base = args.sft_base
+    else:
+        base, w, c = _timed(build_tiny_model, work / "base", task_corpus(train), hidden=args.hidden,
+                            layers=args.layers, heads=4, kv_heads=2, seed=args.seed)
+        table.append({"stage": "build tiny", "params": n_parameters(base), "wall_s": w, "cpu_s": c})
+        warm, w, c = _timed(warm_up_copying, base, [t.prompt for t in train], steps=args.copy_warmup_steps,
+                            seed=args.seed)
+        table.append({"stage": "copy warm-up", "steps": warm.steps, "final_loss": warm.final_loss, "wall_s": w,
+                      "cpu_s": c})
     score("base heldout", base, held)
     cfg = SFTConfig(max_steps=args.sft_steps, learning_rate=args.lr, weight_decay=args.weight_decay,
                     batch_size=args.batch, seed=args.seed)
@@ -200,7 +212,7 @@ def _print(args, table: list[dict]) -> None:
     sft_r = next((r for r in table if r["stage"] == "sft heldout"), None)
     if base_r and sft_r:
         print(f"held-out pass: base {base_r['pass_rate']:.0%} -> SFT {sft_r['pass_rate']:.0%}")
-    for suffix in ("", f" T=1 x{args.eval_samples}"):
+    for suffix in ("", f" T={args.eval_temperature:g} x{args.eval_samples}"):
         before = next((r for r in table if r["stage"] == f"sft heldout{suffix}"), None)
         after = next((r for r in table if r["stage"] == f"grpo heldout d{args.grpo_difficulty}{suffix}"), None)
         if before and after and args.grpo_difficulty == args.difficulty:

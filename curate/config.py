@@ -196,6 +196,11 @@ class CurriculumConfig(BaseModel):
     unseen_to_grpo: bool = Field(default=True,
                                  description="Tasks the student never attempted go to GRPO (their advantage is "
                                              "unknown, not zero).")
+    grpo_min_signal: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="GRPO leaves out a task with at least a group's worth of student samples (GRPO's "
+                    "num_generations) whose estimated chance of a mixed group, pass@G - pass^G, is below this; 0 "
+                    "leaves out only tasks whose samples all passed or all failed.")
     grpo_window: int | None = Field(
         default=None, ge=1,
         description="Judge 'always passed / always failed' over the student's last N attempted rounds; None: all.")

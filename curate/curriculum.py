@@ -4,7 +4,10 @@ History comes from the lake's trajectories view (train split, rollouts only -- n
 verdicts only: an infra_error says nothing about the model), per task, round and source. The next round's teacher
 tasks are those the student fails (its success rate in the latest round it attempted the task is below a
 threshold, or it never attempted it); GRPO tasks are those whose student outcomes were mixed, since a task always
-passed or always failed gives every sample the same reward and so zero advantage; and GRPO leaves out tasks whose
+passed or always failed gives every sample the same reward and so zero advantage. At the GRPO group size G
+(`group_size`), a task with at least G scored samples is judged by the chance that a group of G of its samples
+has mixed rewards, estimated without bias as pass@G - pass^G (`group_signal`), and left out below
+cfg.grpo_min_signal (LOW_SIGNAL); a task with fewer samples is judged on the ones it has. GRPO leaves out tasks whose
 latest `flywheel tasks audit` row is unhealthy by cfg.verifier_health (grpo_dropped: "unhealthy_verifier:
 REASON"), since a broken verifier's reward teaches the wrong thing. This module writes nothing.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from math import comb
 
 from curate.config import CurriculumConfig
 from curate.health import UNHEALTHY_VERIFIER, latest_by_task
@@ -21,6 +25,7 @@ from warehouse.score import pass_at_k  # the one scorer
 
 ALWAYS_PASSED = "always_passed"
 ALWAYS_FAILED = "always_failed"
+LOW_SIGNAL = "low_group_signal"
 UNSEEN = "unseen"
 
 
@@ -43,7 +48,24 @@ class CurriculumPlan:
     teacher_tasks: list[str] = field(default_factory=list)
     grpo_tasks: list[str] = field(default_factory=list)
     grpo_dropped: dict[str, str] = field(default_factory=dict)
+    grpo_signal: dict[str, float] = field(default_factory=dict)
     history: list[PassRecord] = field(default_factory=list)
+
+    def dropped_counts(self) -> dict[str, int]:
+        """How many tasks GRPO left out, per reason (an unhealthy verifier's reasons counted together)."""
+        out: dict[str, int] = defaultdict(int)
+        for why in self.grpo_dropped.values():
+            out[why.split(":", 1)[0]] += 1
+        return dict(sorted(out.items()))
+
+
+def group_signal(n: int, c: int, g: int) -> float | None:
+    """The chance that a group of g samples of a task has mixed outcomes (some pass, some fail), so non-zero
+    advantage, estimated without bias from n samples with c passes: pass@g - pass^g; None when n < g."""
+    at_least_one = pass_at_k(n, c, g)
+    if at_least_one is None:
+        return None
+    return at_least_one - comb(c, g) / comb(n, g)
 
 
 def pass_history(root: str, *, run_id: str, k: int = 4, upto_round: int | None = None) -> list[PassRecord]:
@@ -68,9 +90,10 @@ def pass_history(root: str, *, run_id: str, k: int = 4, upto_round: int | None =
                        pass_at_k(int(n), int(c), k)) for t, s, r, src, n, c in rows]
 
 
-def choose_tasks(history: list[PassRecord], cfg: CurriculumConfig,
-                 task_ids: list[str] | None = None) -> CurriculumPlan:
-    """Pick teacher and GRPO tasks from a history; task_ids (the train tasks, in order) default to those seen."""
+def choose_tasks(history: list[PassRecord], cfg: CurriculumConfig, task_ids: list[str] | None = None,
+                 group_size: int | None = None) -> CurriculumPlan:
+    """Pick teacher and GRPO tasks from a history; task_ids (the train tasks, in order) default to those seen;
+    group_size: GRPO's group size G (tasks with >= G samples are judged by group_signal)."""
     student: dict[str, list[PassRecord]] = defaultdict(list)
     seen: list[str] = []
     for rec in history:
@@ -102,15 +125,22 @@ def choose_tasks(history: list[PassRecord], cfg: CurriculumConfig,
         elif c == 0:
             plan.grpo_dropped[tid] = ALWAYS_FAILED
         else:
-            plan.grpo_tasks.append(tid)
+            signal = group_signal(n, c, group_size) if group_size else None
+            if signal is not None:
+                plan.grpo_signal[tid] = signal
+            if signal is not None and signal < cfg.grpo_min_signal:
+                plan.grpo_dropped[tid] = LOW_SIGNAL
+            else:
+                plan.grpo_tasks.append(tid)
     return plan
 
 
 def plan_curriculum(root: str, cfg: CurriculumConfig, *, run_id: str, upto_round: int | None = None,
-                    task_ids: list[str] | None = None) -> CurriculumPlan:
+                    task_ids: list[str] | None = None, group_size: int | None = None) -> CurriculumPlan:
     """The next round's teacher and GRPO tasks from the run's history up to upto_round (all rounds: None), GRPO's
-    without the tasks whose verifier is unhealthy."""
-    plan = choose_tasks(pass_history(root, run_id=run_id, k=cfg.k, upto_round=upto_round), cfg, task_ids)
+    without the tasks whose verifier is unhealthy; group_size: GRPO's (see choose_tasks)."""
+    plan = choose_tasks(pass_history(root, run_id=run_id, k=cfg.k, upto_round=upto_round), cfg, task_ids,
+                        group_size)
     if cfg.verifier_health.enabled and plan.grpo_tasks:
         health = latest_by_task(root, plan.grpo_tasks, cfg.verifier_health)
         for tid in list(plan.grpo_tasks):

@@ -38,9 +38,11 @@ from training.config import (
 
 
 def _shipped_demos() -> list[str]:
-    """The human demonstrations shipped with the project (a source checkout), if present."""
-    p = Path(__file__).resolve().parent.parent / "data" / "demos" / "arithmetic_demos.jsonl"
-    return [str(p)] if p.is_file() else []
+    """The human demonstrations shipped with the project (a source checkout), if present: the tool-using ones and
+    the ones that answer from memory without the tool (scripts/memory_demos.py), which leave GRPO a job."""
+    folder = Path(__file__).resolve().parent.parent / "data" / "demos"
+    return [str(p) for p in (folder / "arithmetic_demos.jsonl", folder / "arithmetic_from_memory.jsonl")
+            if p.is_file()]
 
 
 # The offline teacher makes mistakes and cheats now and then, so that verification and curation have work.
@@ -237,9 +239,18 @@ class FlywheelSection(BaseModel):
     pass_k: int = Field(default=4, ge=1, description="k of the held-out pass@k (k sampled episodes per task); "
                                                      "1 skips the sampled evaluation.")
     sample_temperature: float = Field(default=0.8, gt=0, description="Temperature of sampled student episodes.")
-    grpo: bool = Field(default=False, description="Run GRPO after SFT in each round. Off in the offline default: "
-                                                  "on the tiny CPU student, 8 GRPO steps lowered held-out pass@1 "
-                                                  "(52% -> 20%, measured); on for real students and GPUs.")
+    grpo: bool = Field(default=True, description="Run GRPO after SFT in each round. On in the offline default, "
+                       "where the human demos that answer from memory (data/demos/arithmetic_from_memory.jsonl) "
+                       "leave the SFT student skipping the tool now and then, which the judge scores as a hack "
+                       "(reward 0). Measured (benchmarks/train_arithmetic.py, a round-1 student continued 150 SFT "
+                       "steps on teacher passes with 30% answered from memory, 50 held-out d1 tasks x 4 samples at "
+                       "T=0.8): SFT greedy 100%, sampled pass@1 0.755 (48 of 200 hacks); 16 GRPO steps (4 tasks x 8 "
+                       "samples a step, lr 1e-4) -> greedy 100%, sampled 0.925 (13 hacks); over 3 seeds the gain "
+                       "was +0.170, +0.190, +0.145 (sd 0.023; the noise of one score is 0.023, see "
+                       "promote_margin), greedy 100% -> 100% in each. Without that room (the "
+                       "plain teacher mix) SFT is at 100% greedy and 0.995 sampled on d1 and GRPO has nothing to "
+                       "learn; on the harder d2 tasks it fails the same way in every sample (greedy 78%, sampled "
+                       "0.775, and 0.775 after 16 GRPO steps: nearly every group had zero advantage).")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
@@ -249,8 +260,12 @@ class FlywheelSection(BaseModel):
         "student, rolls out, seeds the next round), after both are scored on the held-out split: "
         "'grpo_unless_worse' keeps GRPO's unless its held-out sampled pass@1 is below SFT's by more than "
         "promote_margin; 'grpo' or 'sft' always that one.")
-    promote_margin: float = Field(default=0.05, ge=0, le=1, description="The noise margin of 'grpo_unless_worse' "
-                                                                        "on held-out sampled pass@1 (absolute).")
+    promote_margin: float = Field(default=0.035, ge=0, le=1, description="The noise margin of 'grpo_unless_worse' "
+                                  "on held-out sampled pass@1 (absolute): one standard deviation of the difference "
+                                  "of two scores. Measured (benchmarks/eval_noise.py, one SFT checkpoint rescored "
+                                  "with 3 sampling seeds on the default held-out split, 100 tasks x 4 samples at "
+                                  "T=0.8): per-score seed sd 0.023 (binomial se 0.024), so a difference of two "
+                                  "scores has sd 0.033.")
 
 
 class StudentConfig(BaseModel):
@@ -322,9 +337,11 @@ class FlywheelConfig(BaseModel):
                                        "data order tried: with weight decay 0.1 or less, or without the warm-up, "
                                        "some orders stalled at 54-74% (the student added the numbers in its head "
                                        "instead of copying the tool's output).")
-    grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=8, num_generations=4, prompts_per_step=2,
+    grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=16, num_generations=8, prompts_per_step=4,
                                                                       learning_rate=1e-4),
-                             description="GRPO (TRL GRPOTrainer) in our sandboxes; small on the CPU default.")
+                             description="GRPO (TRL GRPOTrainer) in our sandboxes; on the CPU default the measured "
+                                         "schedule of flywheel.grpo: 16 steps of 4 tasks x 8 samples (64 tasks, "
+                                         "flywheel.grpo_max_tasks), about 170-330 s on a loaded 2-core machine.")
     diagnostics: DiagnosticsThresholds = Field(default_factory=DiagnosticsThresholds, description="When GRPO's "
                                                "per-step diagnostics warn (training/diagnostics.py).")
     mismatch: MismatchThresholds = Field(default_factory=MismatchThresholds, description="The mismatch panel "

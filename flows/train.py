@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 
 from flows.concurrency import gpu_slot
 from flows.config import FlywheelConfig
@@ -97,11 +97,21 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
 
     root = cfg.run.out
     tasks = schedule_train_tasks(cfg, lambda from_round: from_round <= round)
-    plan = plan_curriculum(root, cfg.curriculum, run_id=run_id, upto_round=round, task_ids=[t.id for t in tasks])
+    plan = plan_curriculum(root, cfg.curriculum, run_id=run_id, upto_round=round, task_ids=[t.id for t in tasks],
+                           group_size=cfg.grpo.num_generations)
     keep = set(plan.grpo_tasks)
     chosen = [t for t in tasks if t.id in keep][: cfg.flywheel.grpo_max_tasks]
+    skipped = plan.dropped_counts()
+    get_run_logger().info("round %d GRPO tasks by the student's pass@k history at group size %d: %d of %d train "
+                          "tasks give signal, %d used (flywheel.grpo_max_tasks); skipped: %s", round,
+                          cfg.grpo.num_generations, len(plan.grpo_tasks), len(tasks), len(chosen),
+                          ", ".join(f"{k} {v}" for k, v in skipped.items()) or "none")
+    task_rows = [metric(run_id, round, "grpo", "stage", "train", "all", "grpo_tasks", len(chosen))] + [
+        metric(run_id, round, "grpo", "stage", "train", "all", f"grpo_skipped:{k}", v) for k, v in skipped.items()]
     if not chosen:
-        return {**parent, "skipped": "no task gives signal (all always passed or always failed)"}
+        write_rows(root, "rounds", task_rows)
+        return {**parent, "skipped": "no task gives signal (all always passed or always failed)",
+                "skipped_tasks": skipped}
     out = model_dir(root, f"{run_id}-r{round}-grpo")
     shutil.rmtree(out, ignore_errors=True)
     # The GPU slot only: GRPO's sandboxes serve its reward function, not a rollout chunk (holding sandbox slots
@@ -117,13 +127,13 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
                "warnings": res.warnings, "episode_rows": res.rows_written}
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="grpo", path=res.checkpoint_path,
                              parent_id=parent["checkpoint_id"], metrics=metrics)
-    rows = [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
+    rows = task_rows + [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
     if res.rewards:
         rows += [metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_first", res.rewards[0]),
                  metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_last", res.rewards[-1])]
     write_rows(root, "rounds", rows)
     return {"checkpoint_id": ck.checkpoint_id, "path": res.checkpoint_path, "wall_s": res.total_s,
-            "tasks": len(chosen), "rewards": res.rewards}
+            "tasks": len(chosen), "skipped_tasks": skipped, "rewards": res.rewards}
 
 
 @task(name="mismatch", log_prints=False)

@@ -24,7 +24,8 @@ from curate.config import (
     MixConfig,
     config_hash,
 )
-from curate.curriculum import ALWAYS_FAILED, ALWAYS_PASSED, PassRecord, choose_tasks, pass_at_k, plan_curriculum
+from curate.curriculum import (ALWAYS_FAILED, ALWAYS_PASSED, LOW_SIGNAL, PassRecord, choose_tasks, group_signal,
+                              pass_at_k, plan_curriculum)
 from curate.decontam import CONTAMINATED, HELDOUT_TASK, Decontaminator, decontaminate
 from curate.dedup import DUP_EXACT, DUP_NEAR, content_hash, dedup_rows
 from curate.filters import filter_rows
@@ -249,6 +250,23 @@ def test_choose_tasks_drops_zero_advantage_tasks_from_grpo():
     assert plan.teacher_tasks == ["b", "c", "d"]
     windowed = choose_tasks(hist, CurriculumConfig(grpo_window=1), task_ids=["c"])
     assert windowed.grpo_tasks == ["c"]
+
+
+def test_grpo_tasks_at_the_group_size():
+    """A task with a group's worth of samples is judged by the chance that a group of G is mixed (pass@G - pass^G)."""
+    assert group_signal(4, 2, 2) == pytest.approx(1 - 1 / 6 - 1 / 6)  # C(2,2)/C(4,2) all-pass, as many all-fail
+    assert group_signal(8, 8, 4) == 0.0 and group_signal(8, 0, 4) == 0.0
+    assert group_signal(2, 1, 4) is None  # fewer samples than a group: no estimate
+    hist = [PassRecord("hi", "arithmetic", 1, "student", 8, 7, 7 / 8, None),     # 1 - 0 - C(7,4)/C(8,4) = 0.5
+            PassRecord("mid", "arithmetic", 1, "student", 8, 4, 0.5, None),      # 1 - 1/70 - 1/70
+            PassRecord("few", "arithmetic", 1, "student", 2, 1, 0.5, None),      # judged on its 2 samples: mixed
+            PassRecord("all", "arithmetic", 1, "student", 8, 8, 1.0, None)]
+    plan = choose_tasks(hist, CurriculumConfig(grpo_min_signal=0.6), group_size=4)
+    assert plan.grpo_tasks == ["mid", "few"]
+    assert plan.grpo_dropped == {"hi": LOW_SIGNAL, "all": ALWAYS_PASSED}
+    assert plan.grpo_signal == {"hi": pytest.approx(0.5), "mid": pytest.approx(68 / 70)}
+    assert plan.dropped_counts() == {ALWAYS_PASSED: 1, LOW_SIGNAL: 1}
+    assert choose_tasks(hist, CurriculumConfig(), group_size=4).grpo_tasks == ["hi", "mid", "few"]
 
 
 # ---------------------------------------------------------------- the whole curate on a real lake

@@ -33,6 +33,28 @@ def good(i: int, answer: int = 5, *, with_ids: bool = True, arguments: object = 
             "tools": ["python"], "expected_answer": str(answer), "suite": "arithmetic", "difficulty": 1}
 
 
+def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_problems(tmp_path):
+    """The demos that leave GRPO a job (flows/config.py _shipped_demos): every one passes its numeric check, none
+    calls a tool, none is a held-out problem, and scripts/memory_demos.py writes the same file again."""
+    import subprocess
+    import sys
+
+    from flows.config import _shipped_demos
+    from tasks import arithmetic
+
+    path = Path(DEMOS).with_name("arithmetic_from_memory.jsonl")
+    assert str(path) in _shipped_demos()
+    rows, errors = load_demos([str(path)], run_id="r", round=0)
+    assert errors == [] and len(rows) == 1200
+    assert {r.verdict for r in rows} == {"pass"} and not any(m.tool_calls for r in rows for m in r.messages)
+    heldout = {t.prompt for t in arithmetic.generate(2000, split="heldout", seed=7919, difficulty=1)}
+    assert not heldout & {r.messages[0].content for r in rows}
+    again = tmp_path / "again.jsonl"
+    subprocess.run([sys.executable, "scripts/memory_demos.py", "--out", str(again)], check=True,
+                   cwd=Path(DEMOS).parents[2], capture_output=True)
+    assert again.read_bytes() == path.read_bytes()
+
+
 def test_shipped_demo_file_is_valid_and_verified():
     rows, errors = load_demos([DEMOS], run_id="r", round=0)
     assert errors == []

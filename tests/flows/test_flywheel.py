@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from flows.config import FlywheelConfig
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
@@ -86,7 +88,9 @@ def check_grpo_rounds(out: Path, log: str, run_id: str) -> None:
     assert val[("sft", "sampled_episodes")] == val[("grpo", "sampled_episodes")] > 0
     gain = val[("grpo", "sampled_pass@1")] - val[("sft", "sampled_pass@1")]
     assert val[("promotion", "grpo_gain_sampled_pass@1")] == pytest.approx(gain)
-    assert ctrl["promoted"] == ("sft" if gain < -0.05 else "grpo")  # the default rule and margin
+    margin = FlywheelConfig().flywheel.promote_margin
+    assert ctrl["promoted"] == ("sft" if gain < -margin else "grpo")  # the default rule and margin
+    assert grpo["skipped_tasks"] == {} and grpo["tasks"] > 0  # round 1: every task unseen by the student
     assert val[("promotion", "promoted_grpo")] == float(ctrl["promoted"] == "grpo")
     assert val[("promotion", f"reason:{ctrl['code']}")] == 1.0
     for name in ("pass@1", "sampled_pass@1", "pass@2"):  # the student's scores are the promoted checkpoint's
