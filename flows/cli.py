@@ -742,11 +742,16 @@ def _idle_words(st: dict) -> str:
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the local server (and release nothing else: runs and slots are kept in PREFECT_HOME's database)."""
+    """Stop the local server and the warm starters of `generate` (and release nothing else: runs and slots are kept
+    in PREFECT_HOME's database)."""
     from flows import localserver
+
+    from flows import warm
 
     users = localserver.live_clients()
     st = localserver.stop_shared()
+    for w in warm.stop_starters():
+        print(f"stopped: warm starter (pid {w['pid']})")
     if st and users:
         print(f"warning: stopped while {len(users)} command(s) used it (pid {', '.join(u.split('-')[0] for u in users)})",
               file=sys.stderr)
@@ -755,16 +760,20 @@ def server_stop() -> None:
 
 @server_app.command("status")
 def server_status() -> None:
-    """Whether the local server runs (exit 0, its URL) or not (exit 1)."""
+    """Whether the local server runs (exit 0, its URL and the warm starters) or not (exit 1)."""
     from flows import localserver
 
     st = localserver.shared_status()
     if not st:
         print("not running")
         raise typer.Exit(1)
+    from flows import warm
+
     users = localserver.live_clients()
     print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}, {len(users)} client "
           "command(s))")
+    for w in warm.starters():
+        print(f"warm starter: pid {w['pid']}, fingerprint {w['fp'][:12]}, log {w['log']}")
 
 
 def _register_ops_commands() -> None:
@@ -798,7 +807,24 @@ def _usage_exit(e: BaseException) -> int:
 
 def main() -> None:
     """The console script: exit code 0 on success, 2 and one `error:` line on bad input or a usage error,
-    130 when aborted; a traceback only for bugs."""
+    130 when aborted; a traceback only for bugs. `generate` goes through a warm starter when one answers
+    (flows/warm.py); when none does, it runs here and starts one at its end for the next command."""
+    from flows import warm
+
+    if not warm.eligible(sys.argv):
+        return _main()
+    env, path = dict(os.environ), list(sys.path)
+    fp = warm.fingerprint(env, path)
+    code = warm.run_warm(sys.argv, env, fp)
+    if code is not None:
+        sys.exit(code)
+    try:
+        _main()
+    finally:
+        warm.spawn_starter(env, path, fp)
+
+
+def _main() -> None:
     # This machine (and many clusters) has no route to Prefect's telemetry endpoint: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     import click
