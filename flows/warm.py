@@ -50,6 +50,7 @@ VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
 PRELOAD = ("flows.cli", "flows.generate", "flows.serve", "prefect", "prefect.flow_engine", "prefect.task_engine",
            "prefect.client.orchestration", "prefect.artifacts", "fastapi.encoders", "pyarrow", "pyarrow.parquet",
            "pandas", "duckdb", "agents.rollout", "agents.reference", "sandbox.backend", "warehouse.lake")
+MAX_STARTERS = 2  # per PREFECT_HOME; a new fingerprint stops the oldest starter
 _HEADER = struct.Struct("!I")
 _inside = False  # True in a forked child: its own `main()` runs in-process
 
@@ -173,9 +174,16 @@ def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
 
 def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.Popen | None:
     """Start the starter of fp, detached (own session, log PREFECT_HOME/flywheel-warm.log), when the shared server
-    runs; it finds out itself whether another starter of fp won the race. None when there is no shared server."""
+    runs and no starter of fp does (a starter that lost a race finds out itself and exits); at most MAX_STARTERS
+    live, the oldest stopped. None when none was started."""
     if localserver.shared_status() is None:
         return None
+    live = starters()
+    if any(st["fp"] == fp for st in live):
+        return None
+    for st in sorted(live, key=lambda st: st["started"])[:max(0, len(live) + 1 - MAX_STARTERS)]:
+        with contextlib.suppress(OSError):  # the oldest make room: each holds a few hundred MB
+            os.kill(int(st["pid"]), signal.SIGTERM)
     warm_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     boot = {**env, "FLYWHEEL_WARM_BOOT": json.dumps({"fp": fp, "path": path, "pythonpath": env.get("PYTHONPATH")}),
             "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])}
@@ -237,6 +245,8 @@ def serve(fp: str) -> None:
     server = localserver.shared_status()
     if server is None:
         print("flywheel-warm: no shared server runs: not starting", flush=True)
+        return
+    if any(st["fp"] == fp for st in starters()):
         return
     t0 = time.monotonic()
     for mod in PRELOAD:
@@ -311,6 +321,7 @@ def _accept(conn: socket.socket, listener: socket.socket) -> bool:
         if pid == 0:
             listener.close()
             _child(conn, req, fds)  # does not return
+        print(f"flywheel-warm: forked {pid} for: {' '.join(req['argv'][1:])}", flush=True)
         return False
     except (OSError, ValueError) as e:
         print(f"flywheel-warm: a request failed: {e!r}", flush=True)
