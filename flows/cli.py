@@ -773,7 +773,8 @@ def server_status() -> None:
     print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}, {len(users)} client "
           "command(s))")
     for w in warm.starters():
-        print(f"warm starter: pid {w['pid']}, fingerprint {w['fp'][:12]}, log {w['log']}")
+        print(f"warm starter: pid {w['pid']}, fingerprint {w['fp'][:12]}, {'ready' if w.get('ready') else 'starting'}"
+              f", log {w['log']}")
 
 
 def _register_ops_commands() -> None:

@@ -53,6 +53,7 @@ PRELOAD = ("flows.cli", "flows.generate", "flows.serve", "prefect", "prefect.flo
 MAX_STARTERS = 2  # per PREFECT_HOME; a new fingerprint stops the oldest starter
 _HEADER = struct.Struct("!I")
 _inside = False  # True in a forked child: its own `main()` runs in-process
+_spawned: list[subprocess.Popen] = []  # detached starters, kept so that Popen's destructor does not warn
 
 
 def warm_dir() -> Path:
@@ -189,8 +190,20 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
             "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])}
     with open(localserver.prefect_home() / "flywheel-warm.log", "ab") as log:
         # detached on purpose: never waited for (it outlives this command)
-        return subprocess.Popen([sys.executable, "-m", "flows.warm"], env=boot, cwd="/", start_new_session=True,
+        proc = subprocess.Popen([sys.executable, "-m", "flows.warm"], env=boot, cwd="/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    # recorded at once, before it is ready: `server stop` and the next command see it while it imports
+    _write_state({"pid": proc.pid, "start": localserver._start_time(proc.pid), "fp": fp, "ready": False,
+                  "started": time.time(), "log": str(localserver.prefect_home() / "flywheel-warm.log")})
+    _spawned.append(proc)
+    return proc
+
+
+def _write_state(st: dict) -> None:
+    path = warm_dir() / f"{st['fp']}.json"
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(st))
+    tmp.replace(path)
 
 
 # --- starters: list and stop ----------------------------------------------------------------------------------------
@@ -246,7 +259,7 @@ def serve(fp: str) -> None:
     if server is None:
         print("flywheel-warm: no shared server runs: not starting", flush=True)
         return
-    if any(st["fp"] == fp for st in starters()):
+    if any(st["fp"] == fp and st["pid"] != os.getpid() for st in starters()):
         return
     t0 = time.monotonic()
     for mod in PRELOAD:
@@ -258,18 +271,15 @@ def serve(fp: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with _dir_fd() as dfd, open(warm_dir() / f"{fp}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if any(st["fp"] == fp for st in starters()):
+        if any(st["fp"] == fp and st["pid"] != os.getpid() for st in starters()):
             print(f"flywheel-warm: a starter of {fp[:12]} runs already", flush=True)
             return
         sock_path.unlink(missing_ok=True)
         listener.bind(_short(sock_path, dfd))
         listener.listen(16)
-        st = {"pid": os.getpid(), "start": localserver._start_time(os.getpid()), "fp": fp,
-              "server_pid": server["pid"], "server_url": server["url"], "started": time.time(),
-              "log": str(localserver.prefect_home() / "flywheel-warm.log")}
-        tmp = state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(st))
-        tmp.replace(state_path)
+        _write_state({"pid": os.getpid(), "start": localserver._start_time(os.getpid()), "fp": fp, "ready": True,
+                      "server_pid": server["pid"], "server_url": server["url"], "started": time.time(),
+                      "log": str(localserver.prefect_home() / "flywheel-warm.log")})
     print(f"flywheel-warm: starter {os.getpid()} of {fp[:12]} ready after {time.monotonic() - t0:.1f} s", flush=True)
     idle_s = float(server.get("idle_s") or 0)
     last = time.monotonic()

@@ -18,23 +18,14 @@ import duckdb
 import pytest
 
 from tests.conftest import FLYWHEEL
-from tests.flows.test_kill import _env, descendants, processes_with
+from tests.flows.test_kill import _env, descendants, processes_with, warm_starters
 
 pytestmark = pytest.mark.slow
 
 
-def starters(home: Path) -> dict[str, int]:
-    """fingerprint -> pid of the starters recorded in home."""
-    out = {}
-    for f in (home / "flywheel-warm").glob("*.json"):
-        st = json.loads(f.read_text())
-        out[st["fp"]] = int(st["pid"])
-    return out
-
-
 def wait_starters(home: Path, n: int, timeout_s: float = 180.0) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
-    while len(got := starters(home)) < n:
+    while len(got := warm_starters(home, ready=True)) < n:
         assert time.monotonic() < deadline, f"no {n} warm starter(s) came up: {_log(home)[-2000:]}"
         time.sleep(0.2)
     return got
@@ -109,7 +100,7 @@ def test_second_generate_runs_in_the_starter_with_the_same_rows(tmp_path):
         stop = subprocess.run([FLYWHEEL, "server", "stop"], env=env, capture_output=True, text=True, timeout=60)
     assert stop.returncode == 0, stop.stderr
     assert processes_with(marker) == [], processes_with(marker)  # server and starters gone
-    assert not starters(home) and not list((home / "flywheel-warm").glob("*.sock"))
+    assert not warm_starters(home) and not list((home / "flywheel-warm").glob("*.sock"))
 
 
 def test_fingerprint_follows_code_and_environment(tmp_path, monkeypatch):
