@@ -778,13 +778,19 @@ def server_status() -> None:
 
 
 def _register_ops_commands() -> None:
+    """Add `serve` and `deploy` (flows/serve.py) to the app, once."""
+    if any(c.name == "serve" for c in app.registered_commands):
+        return
     from flows.serve import deploy_command, serve_command
 
     app.command("serve")(serve_command)
     app.command("deploy")(deploy_command)
 
 
-_register_ops_commands()
+# `flywheel generate` defers flows/serve.py (its config models are most of this module's import time) to `_main`:
+# the warm client of flows/warm.py needs none of it.
+if sys.argv[1:2] != ["generate"]:
+    _register_ops_commands()
 
 
 def _usage_exit(e: BaseException) -> int:
@@ -826,6 +832,7 @@ def main() -> None:
 
 
 def _main() -> None:
+    _register_ops_commands()
     # This machine (and many clusters) has no route to Prefect's telemetry endpoint: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     import click

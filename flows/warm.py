@@ -397,6 +397,9 @@ def _child(conn: socket.socket, req: dict, fds: list[int]) -> None:
             code = 1
         import atexit
 
+        # what the interpreter does at exit: threading's exit hooks (Prefect's log and event workers drain there)
+        # and the join of non-daemon threads, then atexit
+        threading._shutdown()
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
