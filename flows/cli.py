@@ -744,9 +744,7 @@ def _idle_words(st: dict) -> str:
 def server_stop() -> None:
     """Stop the local server and the warm starters of `generate` (and release nothing else: runs and slots are kept
     in PREFECT_HOME's database)."""
-    from flows import localserver
-
-    from flows import warm
+    from flows import localserver, warm
 
     users = localserver.live_clients()
     st = localserver.stop_shared()
@@ -828,7 +826,10 @@ def main() -> None:
     try:
         _main()
     finally:
-        warm.spawn_starter(env, path, fp)
+        try:
+            warm.spawn_starter(env, path, fp)
+        except OSError as e:  # the command's own result stands; the next one runs in-process too
+            print(f"warning: could not start the warm starter of generate: {e}", file=sys.stderr)
 
 
 def _main() -> None:

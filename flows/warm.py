@@ -21,7 +21,9 @@ FLYWHEEL_LOCAL_SERVER=shared and no PREFECT_API_URL, and not with FLYWHEEL_WARM=
     as not to compete for CPU with it), starts a starter detached (own session, log PREFECT_HOME/flywheel-warm.log)
     for the next command.
   - A starter exits when the shared server it belongs to is gone (state file removed, pid dead or replaced), after
-    the server's idle timeout with no connection, or on SIGTERM (`flywheel server stop` stops every starter).
+    the server's idle timeout with no connection, or on SIGTERM (`flywheel server stop` stops every starter). Its
+    state is written when it is spawned (ready: false) and again once it listens; at most MAX_STARTERS live per
+    PREFECT_HOME (a new fingerprint stops the oldest: each holds a few hundred MB).
 It does not make other commands warm, nor run on other platforms than Linux. Importing it does not import prefect.
 """
 
@@ -292,8 +294,7 @@ def serve(fp: str) -> None:
             if ready:
                 conn, _ = listener.accept()
                 last = time.monotonic()
-                if _accept(conn, listener):
-                    return  # in the child, after the command: never reached (os._exit)
+                _accept(conn, listener)  # the forked child never returns from it
                 continue
             if _server_gone(server) or (idle_s and time.monotonic() - last > idle_s):
                 break
@@ -306,36 +307,36 @@ def serve(fp: str) -> None:
     print(f"flywheel-warm: starter {os.getpid()} exits", flush=True)
 
 
-def _accept(conn: socket.socket, listener: socket.socket) -> bool:
-    """Receive one request and fork its child; False in the starter (also when it refused the request)."""
+def _accept(conn: socket.socket, listener: socket.socket) -> None:
+    """Receive one request and fork its child (which runs the command and exits), or refuse it."""
     fds: list[int] = []
     try:
         uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
         if uid != os.getuid():
-            return False
+            return
         conn.settimeout(10.0)
         data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         if len(data) < _HEADER.size or len(fds) != 3:
-            return False
+            return
         need = _HEADER.unpack_from(data)[0] + _HEADER.size
         while len(data) < need:
             chunk = conn.recv(need - len(data))
             if not chunk:
-                return False
+                return
             data += chunk
         req = json.loads(data[_HEADER.size:need])
         if threading.active_count() != 1:  # a fork of a threaded process can deadlock: let the client run it
             _send(conn, {"refused": f"{threading.active_count()} threads"})
-            return False
+            return
         pid = os.fork()
         if pid == 0:
             listener.close()
             _child(conn, req, fds)  # does not return
         print(f"flywheel-warm: forked {pid} for: {' '.join(req['argv'][1:])}", flush=True)
-        return False
+        return
     except (OSError, ValueError) as e:
         print(f"flywheel-warm: a request failed: {e!r}", flush=True)
-        return False
+        return
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):

@@ -1,7 +1,7 @@
 """The warm starter of `flywheel generate` (flows/warm.py), through the console script with real processes: the first
 generate runs in-process and leaves a starter; the next goes through it (its episodes run in the starter's forked
 child, the client has no child process) and lands the same rows; bad input through it is exit 2 and one `error:`
-line; another environment is another fingerprint (in-process, then a second starter); `server status` lists the
+line; a client whose child is killed says so in one `error:` line, exit 1; another environment is another fingerprint (in-process, then a second starter); `server status` lists the
 starters and `server stop` leaves no process. The SIGKILL case is in test_kill.py.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -18,7 +19,7 @@ import duckdb
 import pytest
 
 from tests.conftest import FLYWHEEL
-from tests.flows.test_kill import _env, descendants, processes_with, warm_starters
+from tests.flows.test_kill import _env, _parent, descendants, processes_with, warm_starters
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +84,21 @@ def test_second_generate_runs_in_the_starter_with_the_same_rows(tmp_path):
         assert bad.returncode == 2, bad.stderr
         assert [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")] == [bad.stderr.strip()]
         assert _log(home).count("flywheel-warm: forked ") == 2 and not (tmp_path / "lake-bad").exists()
+
+        # the forked child killed under a waiting client: one error line naming it, exit 1
+        with open(tmp_path / "gone.err", "w") as e:
+            p = subprocess.Popen([FLYWHEEL, "generate", "--backend", "local", "--samples", "1", "--n-tasks", "400",
+                                  "--out", str(tmp_path / "lake-gone")], env=env, cwd=tmp_path,
+                                 stdout=subprocess.DEVNULL, stderr=e)
+        deadline = time.monotonic() + 120
+        while not (forked := [k for k in descendants(starter) if _parent(k) == starter]):
+            assert p.poll() is None and time.monotonic() < deadline, "no forked child"
+            time.sleep(0.05)
+        os.kill(forked[0], signal.SIGKILL)
+        assert p.wait(timeout=60) == 1
+        errors = [ln for ln in (tmp_path / "gone.err").read_text().splitlines() if ln.startswith("error:")]
+        assert errors == [f"error: the warm flywheel process (pid {forked[0]}) is gone without an exit status "
+                          "(killed?); its output is above; run with FLYWHEEL_WARM=0 to run in this process"], errors
 
         # FLYWHEEL_WARM=0: in-process, no new starter
         off = generate(tmp_path, {**env, "FLYWHEEL_WARM": "0"}, "lake-off", "--n-tasks", "1")
