@@ -143,7 +143,7 @@ class _Lines:
 
 def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
     """Run the command in a forked child of the starter of fingerprint fp; its exit code, or None when no starter
-    answered or it refused (the caller runs in-process)."""
+    answered, it refused, or its child died before it started the command (the caller runs in-process)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with _dir_fd() as dfd:
@@ -168,6 +168,9 @@ def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
         signal.signal(sig, forward)
     msg = lines.next()
     if msg is None or "exit" not in msg:
+        deadline = time.monotonic() + 2.0  # its socket closes as it dies, its /proc entry goes a moment later
+        while localserver._start_time(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
         fate = "is gone" if localserver._start_time(pid) is None else "closed its connection"
         print(f"error: the warm flywheel process (pid {pid}) {fate} without an exit status (killed?); its output "
               "is above; run with FLYWHEEL_WARM=0 to run in this process", file=sys.stderr)
