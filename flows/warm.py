@@ -9,7 +9,7 @@ FLYWHEEL_LOCAL_SERVER=shared and no PREFECT_API_URL, and not with FLYWHEEL_WARM=
     every .py of its packages). Prefect reads its settings at import, so another environment, or edited code, is
     another fingerprint and never reaches a starter that imported the old one.
   - It listens on the unix socket PREFECT_HOME/flywheel-warm/FP.sock (a folder only its user can enter; peers of
-    another uid are refused), its state (pid, start time, the server it belongs to, log) in FP.json beside it.
+    another uid are refused), its state (pid, start time, the server it belongs to, log) in FP.json beside it (FP.PID.json while it starts).
     Per connection it receives argv, environment and cwd as JSON and the client's fds 0/1/2 (SCM_RIGHTS), and forks,
     only while it is single-threaded (otherwise it refuses and the client runs in-process).
   - The forked child takes the client's fds, cwd and environment (Prefect's settings and logging re-read from it),
@@ -197,15 +197,17 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
         # detached on purpose: never waited for (it outlives this command)
         proc = subprocess.Popen([sys.executable, "-m", "flows.warm"], env=boot, cwd="/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    # recorded at once, before it is ready: `server stop` and the next command see it while it imports
+    # recorded at once, before it is ready (FP.PID.json; FP.json once it listens): `server stop` and the next
+    # command see it while it imports, and a starter that lost a race never overwrites the winner's record
     _write_state({"pid": proc.pid, "start": localserver._start_time(proc.pid), "fp": fp, "ready": False,
-                  "started": time.time(), "log": str(localserver.prefect_home() / "flywheel-warm.log")})
+                  "started": time.time(), "log": str(localserver.prefect_home() / "flywheel-warm.log")},
+                 f"{fp}.{proc.pid}")
     _spawned.append(proc)
     return proc
 
 
-def _write_state(st: dict) -> None:
-    path = warm_dir() / f"{st['fp']}.json"
+def _write_state(st: dict, name: str | None = None) -> None:
+    path = warm_dir() / f"{name or st['fp']}.json"
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(st))
     tmp.replace(path)
@@ -222,11 +224,12 @@ def starters() -> list[dict]:
             alive = localserver._start_time(int(st["pid"])) == st["start"]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written
-        if alive:
+        if alive and not any(o["pid"] == st["pid"] for o in out):
             out.append(st)
-        else:
+        elif not alive:
             f.unlink(missing_ok=True)
-            f.with_suffix(".sock").unlink(missing_ok=True)
+            if f.name == f"{st.get('fp')}.json":
+                f.with_suffix(".sock").unlink(missing_ok=True)
     return out
 
 
@@ -245,8 +248,8 @@ def stop_starters(timeout_s: float = 10.0) -> list[dict]:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
-        for suffix in (".json", ".sock"):
-            (warm_dir() / f"{st['fp']}{suffix}").unlink(missing_ok=True)
+        for name in (f"{st['fp']}.json", f"{st['fp']}.sock", f"{st['fp']}.{pid}.json"):
+            (warm_dir() / name).unlink(missing_ok=True)
     return sts
 
 
@@ -260,6 +263,14 @@ def _server_gone(server: dict) -> bool:
 def serve(fp: str) -> None:
     """The starter: pre-import, listen on FP.sock, fork a child per connection until the shared server is gone, it
     idles out (the server's idle timeout) or SIGTERM."""
+    pending = warm_dir() / f"{fp}.{os.getpid()}.json"
+    try:
+        _serve(fp)
+    finally:
+        pending.unlink(missing_ok=True)
+
+
+def _serve(fp: str) -> None:
     server = localserver.shared_status()
     if server is None:
         print("flywheel-warm: no shared server runs: not starting", flush=True)
@@ -285,6 +296,7 @@ def serve(fp: str) -> None:
         _write_state({"pid": os.getpid(), "start": localserver._start_time(os.getpid()), "fp": fp, "ready": True,
                       "server_pid": server["pid"], "server_url": server["url"], "started": time.time(),
                       "log": str(localserver.prefect_home() / "flywheel-warm.log")})
+        (warm_dir() / f"{fp}.{os.getpid()}.json").unlink(missing_ok=True)
     print(f"flywheel-warm: starter {os.getpid()} of {fp[:12]} ready after {time.monotonic() - t0:.1f} s", flush=True)
     idle_s = float(server.get("idle_s") or 0)
     last = time.monotonic()

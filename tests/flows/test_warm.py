@@ -104,11 +104,11 @@ def test_second_generate_runs_in_the_starter_with_the_same_rows(tmp_path):
         # FLYWHEEL_WARM=0: in-process, no new starter
         off = generate(tmp_path, {**env, "FLYWHEEL_WARM": "0"}, "lake-off", "--n-tasks", "1")
         assert off.returncode == 0, off.stderr[-3000:]
-        assert _log(home).count("flywheel-warm: forked ") == 2
+        assert _log(home).count("flywheel-warm: forked ") == 3
         # another environment: another fingerprint, so in-process, and a second starter for it afterwards
         other = generate(tmp_path, {**env, "FW_OTHER_SETTING": "1"}, "lake-other", "--n-tasks", "1")
         assert other.returncode == 0, other.stderr[-3000:]
-        assert _log(home).count("flywheel-warm: forked ") == 2
+        assert _log(home).count("flywheel-warm: forked ") == 3
         both = wait_starters(home, 2)
         assert fp in both and both[fp] == starter
         status = subprocess.run([FLYWHEEL, "server", "status"], env=env, capture_output=True, text=True, timeout=60)
