@@ -9,7 +9,8 @@ FLYWHEEL_LOCAL_SERVER=shared and no PREFECT_API_URL, and not with FLYWHEEL_WARM=
     every .py of its packages). Prefect reads its settings at import, so another environment, or edited code, is
     another fingerprint and never reaches a starter that imported the old one.
   - It listens on the unix socket PREFECT_HOME/flywheel-warm/FP.sock (a folder only its user can enter; peers of
-    another uid are refused), its state (pid, start time, the server it belongs to, log) in FP.json beside it (FP.PID.json while it starts).
+    another uid are refused), its state (pid, start time, the server it belongs to, log) in FP.json beside it
+    (FP.PID.json while it starts).
     Per connection it receives argv, environment and cwd as JSON and the client's fds 0/1/2 (SCM_RIGHTS), and forks,
     only while it is single-threaded (otherwise it refuses and the client runs in-process).
   - The forked child takes the client's fds, cwd and environment (Prefect's settings and logging re-read from it),

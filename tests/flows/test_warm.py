@@ -7,7 +7,6 @@ starters and `server stop` leaves no process. The SIGKILL case is in test_kill.p
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -98,8 +97,8 @@ def test_second_generate_runs_in_the_starter_with_the_same_rows(tmp_path):
         os.kill(forked[0], signal.SIGKILL)
         assert p.wait(timeout=60) == 1
         errors = [ln for ln in (tmp_path / "gone.err").read_text().splitlines() if ln.startswith("error:")]
-        assert errors == [f"error: the warm flywheel process (pid {forked[0]}) is gone without an exit status "
-                          "(killed?); its output is above; run with FLYWHEEL_WARM=0 to run in this process"], errors
+        assert errors == [(f"error: the warm flywheel process (pid {forked[0]}) is gone without an exit status "
+                           "(killed?); its output is above; run with FLYWHEEL_WARM=0 to run in this process")], errors
 
         # FLYWHEEL_WARM=0: in-process, no new starter
         off = generate(tmp_path, {**env, "FLYWHEEL_WARM": "0"}, "lake-off", "--n-tasks", "1")
