@@ -742,11 +742,14 @@ def _idle_words(st: dict) -> str:
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the local server (and release nothing else: runs and slots are kept in PREFECT_HOME's database)."""
-    from flows import localserver
+    """Stop the local server and the warm starters of `generate` (and release nothing else: runs and slots are kept
+    in PREFECT_HOME's database)."""
+    from flows import localserver, warm
 
     users = localserver.live_clients()
     st = localserver.stop_shared()
+    for w in warm.stop_starters():
+        print(f"stopped: warm starter (pid {w['pid']})")
     if st and users:
         print(f"warning: stopped while {len(users)} command(s) used it (pid {', '.join(u.split('-')[0] for u in users)})",
               file=sys.stderr)
@@ -755,26 +758,37 @@ def server_stop() -> None:
 
 @server_app.command("status")
 def server_status() -> None:
-    """Whether the local server runs (exit 0, its URL) or not (exit 1)."""
+    """Whether the local server runs (exit 0, its URL and the warm starters) or not (exit 1)."""
     from flows import localserver
 
     st = localserver.shared_status()
     if not st:
         print("not running")
         raise typer.Exit(1)
+    from flows import warm
+
     users = localserver.live_clients()
     print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}, {len(users)} client "
           "command(s))")
+    for w in warm.starters():
+        print(f"warm starter: pid {w['pid']}, fingerprint {w['fp'][:12]}, {'ready' if w.get('ready') else 'starting'}"
+              f", log {w['log']}")
 
 
 def _register_ops_commands() -> None:
+    """Add `serve` and `deploy` (flows/serve.py) to the app, once."""
+    if any(c.name == "serve" for c in app.registered_commands):
+        return
     from flows.serve import deploy_command, serve_command
 
     app.command("serve")(serve_command)
     app.command("deploy")(deploy_command)
 
 
-_register_ops_commands()
+# `flywheel generate` defers flows/serve.py (its config models are most of this module's import time) to `_main`:
+# the warm client of flows/warm.py needs none of it.
+if sys.argv[1:2] != ["generate"]:
+    _register_ops_commands()
 
 
 def _usage_exit(e: BaseException) -> int:
@@ -798,7 +812,28 @@ def _usage_exit(e: BaseException) -> int:
 
 def main() -> None:
     """The console script: exit code 0 on success, 2 and one `error:` line on bad input or a usage error,
-    130 when aborted; a traceback only for bugs."""
+    130 when aborted; a traceback only for bugs. `generate` goes through a warm starter when one answers
+    (flows/warm.py); when none does, it runs here and starts one at its end for the next command."""
+    from flows import warm
+
+    if not warm.eligible(sys.argv):
+        return _main()
+    env, path = dict(os.environ), list(sys.path)
+    fp = warm.fingerprint(env, path)
+    code = warm.run_warm(sys.argv, env, fp)
+    if code is not None:
+        sys.exit(code)
+    try:
+        _main()
+    finally:
+        try:
+            warm.spawn_starter(env, path, fp)
+        except OSError as e:  # the command's own result stands; the next one runs in-process too
+            print(f"warning: could not start the warm starter of generate: {e}", file=sys.stderr)
+
+
+def _main() -> None:
+    _register_ops_commands()
     # This machine (and many clusters) has no route to Prefect's telemetry endpoint: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     import click

@@ -179,6 +179,7 @@ def start() -> str | None:
         headers = json.loads(os.environ.get("PREFECT_CLIENT_CUSTOM_HEADERS") or "{}")
         os.environ["PREFECT_CLIENT_CUSTOM_HEADERS"] = json.dumps({**headers, CLIENT_HEADER: self_id()})
         atexit.register(_unregister)
+        _refresh_prefect_settings()
         return _url
     _lease_dir = lease_root() / self_id()
     _lease_dir.mkdir(parents=True, exist_ok=True)
@@ -191,7 +192,16 @@ def start() -> str | None:
     atexit.register(stop)
     _url = f"http://127.0.0.1:{port}/api"
     os.environ["PREFECT_API_URL"] = _url
+    _refresh_prefect_settings()
     return _url
+
+
+def _refresh_prefect_settings() -> None:
+    """Prefect reads its settings when imported: where it was imported before `start` (a warm starter's child,
+    flows/warm.py), make it read PREFECT_API_URL and the client header again."""
+    ctx = sys.modules.get("prefect.context")
+    if ctx is not None:
+        ctx.refresh_global_settings_context()
 
 
 # --- the shared server ------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """SIGKILL of a `flywheel generate`, `run` or `serve` in the middle of its rollouts, through the console script, with
 no Prefect server configured (flows/localserver.py):
   - no process of the killed command remains (its sandboxes; for `serve` also the flow run it was executing, a
-    process of its own session), checked in /proc by descendants and by a marker in the environment, and on Docker
-    no running container of it. The one process allowed to remain is the shared local server recorded in
-    PREFECT_HOME/flywheel-server.json: deliberately shared by every command, it idles out by itself
-    (tests/flows/test_localserver.py) and `flywheel server stop` ends it, checked here too. With
-    FLYWHEEL_LOCAL_SERVER=own the command's own temporary server is one of its processes and dies with it;
+    process of its own session; for a `generate` through a warm starter, flows/warm.py, the starter's forked child
+    that ran it and its sandboxes), checked in /proc by descendants and by a marker in the environment, and on
+    Docker no running container of it. The processes allowed to remain are the shared local server recorded in
+    PREFECT_HOME/flywheel-server.json and the warm starters of `generate` beside it (PREFECT_HOME/flywheel-warm):
+    deliberately shared by every command, they idle out by themselves (tests/flows/test_localserver.py) and
+    `flywheel server stop` ends them, checked here too. With FLYWHEEL_LOCAL_SERVER=own the command's own temporary
+    server is one of its processes and dies with it;
   - the slots it held in the `flywheel-sandbox` global concurrency limit are released (by the shared server's
     watchdog or by the next command), and the next command completes at normal speed instead of waiting forever;
 and a control: with FLYWHEEL_LOCAL_SERVER=0 (Prefect's own temporary server) the same kill leaves the slots taken.
@@ -22,6 +24,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -44,11 +47,23 @@ def shared_server(home: Path) -> int | None:
         return None
 
 
-def processes_with(marker: str, but: int | None = None) -> list[str]:
-    """pid and command line of every live process whose environment holds FW_KILL_TEST=marker (but pid `but`)."""
+def warm_starters(home: Path, ready: bool = False) -> dict[str, int]:
+    """fingerprint -> pid of the warm starters of `generate` recorded in home (flows/warm.py; recorded when spawned,
+    `ready` once listening); with ready=True only the ready ones."""
+    out = {}
+    for f in (home / "flywheel-warm").glob("*.json") if (home / "flywheel-warm").is_dir() else []:
+        st = json.loads(f.read_text())
+        if st.get("ready") or not ready:
+            out[st["fp"]] = int(st["pid"])
+    return out
+
+
+def processes_with(marker: str, but: Collection[int | None] = ()) -> list[str]:
+    """pid and command line of every live process whose environment holds FW_KILL_TEST=marker (but the pids in
+    `but`)."""
     out = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or d.name == str(but):
+        if not d.name.isdigit() or int(d.name) in but:
             continue
         try:
             if f"FW_KILL_TEST={marker}".encode() not in (d / "environ").read_bytes().split(b"\0"):
@@ -65,6 +80,13 @@ def processes_with(marker: str, but: int | None = None) -> list[str]:
 def _start(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except OSError:
         return None
 
@@ -176,6 +198,12 @@ def kill_mid_rollout(tmp: Path, env: dict, home: Path, backend: str = "local",
     procs = descendants(p.pid)
     procs.pop(shared_server(home), None)  # started by this command when none ran, but not its own
     owner = f"{socket.gethostname()}:{p.pid}:{_start(p.pid)}"
+    for starter in warm_starters(home).values():  # a warm client: its command is the starter's forked child
+        forked = descendants(starter)
+        procs.update(forked)
+        child = next((k for k in forked if _parent(k) == starter), None)
+        if child is not None:
+            owner = f"{socket.gethostname()}:{child}:{forked[child]}"
     while backend == "docker" and not running_containers(owner):  # containers come up after the slots
         assert p.poll() is None and time.monotonic() < deadline, "no sandbox container of the command ran"
         time.sleep(0.5)
@@ -193,25 +221,33 @@ def running_containers(owner: str) -> list[str]:
 
 @pytest.mark.parametrize("command,backend,server", [
     ("generate", "local", "shared"), ("run", "local", "shared"), ("serve", "local", "shared"),
-    ("generate", "local", "own"), pytest.param("generate", "docker", "shared", marks=pytest.mark.docker)])
+    ("generate", "local", "own"), ("generate", "local", "warm"),
+    pytest.param("generate", "docker", "shared", marks=pytest.mark.docker)])
 def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend, server):
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
-    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": server}
+    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "shared" if server == "warm" else server}
     try:
+        if server == "warm":  # a first generate leaves a warm starter; the killed one is its forked child
+            warm_up = start_generate(tmp_path, env, 1, "lake-warm-up")
+            assert warm_up.wait(timeout=300) == 0, (tmp_path / "lake-warm-up.err").read_text()[-3000:]
+            deadline = time.monotonic() + 180
+            while not warm_starters(home, ready=True):
+                assert time.monotonic() < deadline, "no warm starter came up"
+                time.sleep(0.2)
         procs, owner = kill_mid_rollout(tmp_path, env, home, backend, command)
         shared = shared_server(home)
         deadline = time.monotonic() + 30  # parent-death signals, containers whose attach socket closed: a moment
-        while (processes_with(marker, but=shared) or still_alive(procs)
+        while (processes_with(marker, but={shared, *warm_starters(home).values()}) or still_alive(procs)
                or (backend == "docker" and running_containers(owner))) and time.monotonic() < deadline:
             time.sleep(0.2)
         # what there was to kill: its own server and sandboxes; serve's flow run and guard; `run` may still be in
         # threads only (no sandbox process yet) when the shared server is not its own. On Docker the sandboxes are
         # containers, not descendants (kill_mid_rollout waited for them to run).
         if backend == "local":
-            assert len(procs) >= {("own", "generate"): 2, ("shared", "serve"): 2, ("shared", "generate"): 1}.get(
-                (server, command), 0)
+            assert len(procs) >= {("own", "generate"): 2, ("shared", "serve"): 2, ("shared", "generate"): 1,
+                                  ("warm", "generate"): 2}.get((server, command), 0)
         assert still_alive(procs) == []
-        assert processes_with(marker, but=shared) == []
+        assert processes_with(marker, but={shared, *warm_starters(home).values()}) == []
         if backend == "docker":
             assert running_containers(owner) == []
 
@@ -222,18 +258,18 @@ def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend,
         assert p.returncode == 0, err
         assert "rows written 2" in out
         if command != "run":  # the slots came back: by the next command, or by the shared server's watchdog
-            log = (home / "flywheel-server.log").read_text() if server == "shared" else ""
+            log = (home / "flywheel-server.log").read_text() if server in ("shared", "warm") else ""
             assert f"released 8 slot(s) of concurrency limit 'flywheel-sandbox' held by a command that died (pid " \
                    f"{owner.split(':')[1]})" in err + log
         assert active_slots(home, "*") == 0
         assert not [d for d in (home / "flywheel-leases").iterdir() if d.name != "shared"]  # all reaped or removed
-        assert processes_with(marker, but=shared) == []
+        assert processes_with(marker, but={shared, *warm_starters(home).values()}) == []
         print(f"next generate after the kill: {time.monotonic() - t0:.1f} s")
     finally:
         stop = subprocess.run([FLYWHEEL, "server", "stop"], env=env, capture_output=True, text=True, timeout=60)
-    if server == "shared":
-        assert stop.stdout.startswith("stopped: http://127.0.0.1:") and f"(pid {shared})" in stop.stdout
-    assert processes_with(marker) == []  # `flywheel server stop` ended the shared server: nothing is left
+    if server in ("shared", "warm"):
+        assert "stopped: http://127.0.0.1:" in stop.stdout and f"(pid {shared})" in stop.stdout
+    assert processes_with(marker) == []  # `flywheel server stop` ended the shared server and starters: nothing left
 
 
 def test_control_prefects_own_server_leaks_the_slots(tmp_path):
