@@ -820,16 +820,31 @@ def main() -> None:
         return _main()
     env, path = dict(os.environ), list(sys.path)
     fp = warm.fingerprint(env, path)
-    code = warm.run_warm(sys.argv, env, fp)
+    try:
+        code = warm.run_warm(sys.argv, env, fp)
+    except KeyboardInterrupt:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
     if code is not None:
         sys.exit(code)
     try:
         _main()
-    finally:
-        try:
-            warm.spawn_starter(env, path, fp)
-        except OSError as e:  # the command's own result stands; the next one runs in-process too
-            print(f"warning: could not start the warm starter of generate: {e}", file=sys.stderr)
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise  # a failed or aborted command leaves no starter behind
+    try:
+        warm.spawn_starter(env, path, fp)
+    except OSError as e:  # the command's own result stands; the next one runs in-process too
+        print(f"warning: could not start the warm starter of generate: {e}", file=sys.stderr)
+    sys.exit(0)
+
+
+def warm_starter() -> None:
+    """The process of a warm starter of `generate` (spawned by flows/warm.py `spawn_starter`): it forks `main` for
+    each client."""
+    from flows import warm
+
+    warm.boot(main)
 
 
 def _main() -> None:

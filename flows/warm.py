@@ -43,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flows import localserver
@@ -50,9 +51,10 @@ from flows import localserver
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agents", "curate", "flows", "sandbox", "tasks", "training", "warehouse")
 VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
-PRELOAD = ("flows.cli", "flows.generate", "flows.serve", "prefect", "prefect.flow_engine", "prefect.task_engine",
+PRELOAD = ("flows.generate", "flows.serve", "prefect", "prefect.flow_engine", "prefect.task_engine",
            "prefect.client.orchestration", "prefect.artifacts", "fastapi.encoders", "pyarrow", "pyarrow.parquet",
            "pandas", "duckdb", "agents.rollout", "agents.reference", "sandbox.backend", "warehouse.lake")
+CONNECT_TIMEOUT_S = 15.0  # the starter forks and answers in milliseconds; past this the command runs in-process
 MAX_STARTERS = 2  # per PREFECT_HOME; a new fingerprint stops the oldest starter
 _HEADER = struct.Struct("!I")
 _inside = False  # True in a forked child: its own `main()` runs in-process
@@ -146,6 +148,7 @@ def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
     """Run the command in a forked child of the starter of fingerprint fp; its exit code, or None when no starter
     answered, it refused, or its child died before it started the command (the caller runs in-process)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(CONNECT_TIMEOUT_S)  # a stopped or wedged starter: in-process, never a silent hang
     try:
         with _dir_fd() as dfd:
             conn.connect(_short(warm_dir() / f"{fp}.sock", dfd))
@@ -160,14 +163,21 @@ def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
         conn.close()
         return None  # refused (threads) or the starter went away: in-process
     pid = int(first["pid"])
+    conn.settimeout(None)
+    forwarded: list[int] = []
 
     def forward(sig: int, _frame: object) -> None:
+        forwarded.append(sig)
         with contextlib.suppress(OSError):
             os.kill(pid, sig)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     msg = lines.next()
+    if (msg is None or "exit" not in msg) and forwarded and forwarded[-1] != signal.SIGINT:
+        sig = forwarded[-1]  # the child died of the SIGTERM/SIGHUP it was sent: so does this process, as in-process
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
     if msg is None or "exit" not in msg:
         deadline = time.monotonic() + 2.0  # its socket closes as it dies, its /proc entry goes a moment later
         while localserver._start_time(pid) is not None and time.monotonic() < deadline:
@@ -196,7 +206,7 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
             "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])}
     with open(localserver.prefect_home() / "flywheel-warm.log", "ab") as log:
         # detached on purpose: never waited for (it outlives this command)
-        proc = subprocess.Popen([sys.executable, "-m", "flows.warm"], env=boot, cwd="/", start_new_session=True,
+        proc = subprocess.Popen([sys.executable, "-c", "from flows.cli import warm_starter; warm_starter()"], env=boot, cwd="/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     # recorded at once, before it is ready (FP.PID.json; FP.json once it listens): `server stop` and the next
     # command see it while it imports, and a starter that lost a race never overwrites the winner's record
@@ -222,7 +232,7 @@ def starters() -> list[dict]:
     for f in sorted(warm_dir().glob("*.json")) if warm_dir().is_dir() else []:
         try:
             st = json.loads(f.read_text())
-            alive = localserver._start_time(int(st["pid"])) == st["start"]
+            alive = st["start"] is not None and localserver._start_time(int(st["pid"])) == st["start"]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written
         if alive and not any(o["pid"] == st["pid"] for o in out):
@@ -244,7 +254,7 @@ def stop_starters(timeout_s: float = 10.0) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     for st in sts:
         pid = int(st["pid"])
-        while localserver._start_time(pid) == st["start"]:
+        while localserver._start_time(pid) == st["start"] and time.monotonic() < deadline + 10.0:
             if time.monotonic() > deadline:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
@@ -261,17 +271,17 @@ def _server_gone(server: dict) -> bool:
     return not st or st.get("pid") != server["pid"] or localserver._start_time(int(server["pid"])) != server["start"]
 
 
-def serve(fp: str) -> None:
-    """The starter: pre-import, listen on FP.sock, fork a child per connection until the shared server is gone, it
-    idles out (the server's idle timeout) or SIGTERM."""
+def serve(fp: str, command: Callable[[], None]) -> None:
+    """The starter: pre-import, listen on FP.sock, fork a child per connection that runs `command` (flows.cli's
+    `main`) until the shared server is gone, it idles out (the server's idle timeout) or SIGTERM."""
     pending = warm_dir() / f"{fp}.{os.getpid()}.json"
     try:
-        _serve(fp)
+        _serve(fp, command)
     finally:
         pending.unlink(missing_ok=True)
 
 
-def _serve(fp: str) -> None:
+def _serve(fp: str, command: Callable[[], None]) -> None:
     server = localserver.shared_status()
     if server is None:
         print("flywheel-warm: no shared server runs: not starting", flush=True)
@@ -310,7 +320,7 @@ def _serve(fp: str) -> None:
             if ready:
                 conn, _ = listener.accept()
                 last = time.monotonic()
-                _accept(conn, listener)  # the forked child never returns from it
+                _accept(conn, listener, command)  # the forked child never returns from it
                 continue
             if _server_gone(server) or (idle_s and time.monotonic() - last > idle_s):
                 break
@@ -323,7 +333,7 @@ def _serve(fp: str) -> None:
     print(f"flywheel-warm: starter {os.getpid()} exits", flush=True)
 
 
-def _accept(conn: socket.socket, listener: socket.socket) -> None:
+def _accept(conn: socket.socket, listener: socket.socket, command: Callable[[], None]) -> None:
     """Receive one request and fork its child (which runs the command and exits), or refuse it."""
     fds: list[int] = []
     try:
@@ -347,7 +357,7 @@ def _accept(conn: socket.socket, listener: socket.socket) -> None:
         pid = os.fork()
         if pid == 0:
             listener.close()
-            _child(conn, req, fds)  # does not return
+            _child(conn, req, fds, command)  # does not return
         print(f"flywheel-warm: forked {pid} for: {' '.join(req['argv'][1:])}", flush=True)
         return
     except (OSError, ValueError) as e:
@@ -360,8 +370,8 @@ def _accept(conn: socket.socket, listener: socket.socket) -> None:
         conn.close()
 
 
-def _child(conn: socket.socket, req: dict, fds: list[int]) -> None:
-    """The forked command: the client's fds, cwd, environment and argv; `flows.cli.main()`; {"exit": code}."""
+def _child(conn: socket.socket, req: dict, fds: list[int], command: Callable[[], None]) -> None:
+    """The forked command: the client's fds, cwd, environment and argv; `command()`; {"exit": code}."""
     global _inside
     code = 1
     try:
@@ -398,10 +408,8 @@ def _child(conn: socket.socket, req: dict, fds: list[int]) -> None:
         prefect.context.refresh_global_settings_context()  # the client's PREFECT_* environment
         prefect.logging.configuration.setup_logging(incremental=False)  # handlers on the client's stderr
         _send(conn, {"pid": os.getpid()})
-        from flows.cli import main
-
         try:
-            main()
+            command()
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -427,13 +435,13 @@ def _child(conn: socket.socket, req: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
-if __name__ == "__main__":  # python -m flows.warm, by spawn_starter: FLYWHEEL_WARM_BOOT holds fp and sys.path
-    boot = json.loads(os.environ.pop("FLYWHEEL_WARM_BOOT"))
-    sys.path[:] = boot["path"]
-    if boot["pythonpath"] is None:
+def boot(command: Callable[[], None]) -> None:
+    """The starter process's entry (flows.cli.warm_starter, spawned by spawn_starter): FLYWHEEL_WARM_BOOT holds the
+    fingerprint and the client's sys.path and PYTHONPATH; then `serve`."""
+    spec = json.loads(os.environ.pop("FLYWHEEL_WARM_BOOT"))
+    sys.path[:] = spec["path"]
+    if spec["pythonpath"] is None:
         os.environ.pop("PYTHONPATH", None)
     else:
-        os.environ["PYTHONPATH"] = boot["pythonpath"]
-    from flows.warm import serve as serve_  # the module flows.cli sees, not this __main__ copy
-
-    serve_(boot["fp"])
+        os.environ["PYTHONPATH"] = spec["pythonpath"]
+    serve(spec["fp"], command)

@@ -28,6 +28,10 @@ FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 _OWN_HOME = not os.environ.get("FLYWHEEL_TEST_PREFECT_HOME")
 _SESSION_HOME = os.environ.get("FLYWHEEL_TEST_PREFECT_HOME") or tempfile.mkdtemp(prefix="fw-test-prefect-")
 os.environ["PREFECT_HOME"] = _SESSION_HOME
+# Warm starts of `generate` (flows/warm.py) are off for the session: every test has an environment of its own
+# (PYTEST_CURRENT_TEST, a fresh FLYWHEEL_CACHE_DIR), so each CLI generate would leave a fresh pre-imported starter
+# that no later command uses. tests/flows/test_warm.py and test_kill.py's warm case turn them on for their commands.
+os.environ["FLYWHEEL_WARM"] = "0"
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest's hook signature

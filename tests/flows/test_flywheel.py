@@ -38,6 +38,9 @@ SMALL = [
     "--set", "flywheel.student_train_tasks=10", "--set", "student.tiny.hidden=64", "--set", "student.tiny.layers=2",
     "--set", "student.tiny.copy_warmup_steps=20",
     "--set", "flywheel.grpo=true", "--set", "student.batch_size=1", "--rounds", "2", "--backend", "local",
+    # the tool-using demos only: the 1,200 from-memory ones (GRPO's room in the default) would be most of this tiny
+    # run's snapshot and its curation time
+    "--set", f'curate.demo_paths=["{Path(__file__).resolve().parents[2] / "data" / "demos" / "arithmetic_demos.jsonl"}"]',
 ]
 PRE_KILL = ("SELECT trajectory_id FROM trajectories_raw WHERE round = 0 OR (round = 1 AND source = 'teacher') "
             "ORDER BY 1")

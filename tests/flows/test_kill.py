@@ -225,7 +225,8 @@ def running_containers(owner: str) -> list[str]:
     pytest.param("generate", "docker", "shared", marks=pytest.mark.docker)])
 def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend, server):
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
-    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "shared" if server == "warm" else server}
+    env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "shared" if server == "warm" else server,
+           "FLYWHEEL_WARM": "1" if server == "warm" else "0"}
     try:
         if server == "warm":  # a first generate leaves a warm starter; the killed one is its forked child
             warm_up = start_generate(tmp_path, env, 1, "lake-warm-up")

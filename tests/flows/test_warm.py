@@ -8,6 +8,7 @@ starters and `server stop` leaves no process. The SIGKILL case is in test_kill.p
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -129,11 +130,15 @@ def test_fingerprint_follows_code_and_environment(tmp_path, monkeypatch):
     assert warm.fingerprint({**env, "PWD": "/y", "SHLVL": "3", "_": "/bin/x"}, ["/p"]) == fp
     assert warm.fingerprint({**env, "A": "2"}, ["/p"]) != fp
     assert warm.fingerprint(env, ["/q"]) != fp
-    src = Path(warm.__file__)
+    # a copy of the packages' tree (never the checkout's own files): a touched .py there is another fingerprint
+    root = tmp_path / "tree"
+    for pkg in warm.PACKAGES:
+        shutil.copytree(warm.ROOT / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(warm, "ROOT", root)
+    fp = warm.fingerprint(env, ["/p"])
+    src = root / "flows" / "warm.py"
     st = src.stat()
-    try:
-        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        assert warm.fingerprint(env, ["/p"]) != fp
-    finally:
-        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert warm.fingerprint(env, ["/p"]) != fp
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert warm.fingerprint(env, ["/p"]) == fp
