@@ -38,11 +38,11 @@ from training.config import (
 
 
 def _shipped_demos() -> list[str]:
-    """The human demonstrations shipped with the project (a source checkout), if present: the tool-using ones and
-    the ones that answer from memory without the tool (scripts/memory_demos.py), which leave GRPO a job."""
+    """The human demonstrations shipped with the project (a source checkout), if present: the tool-using ones. The
+    ones that answer from memory without the tool (data/demos/arithmetic_from_memory.jsonl, scripts/memory_demos.py)
+    are shipped for GRPO schedules and opted into with curate.demo_paths; see flywheel.grpo for why not by default."""
     folder = Path(__file__).resolve().parent.parent / "data" / "demos"
-    return [str(p) for p in (folder / "arithmetic_demos.jsonl", folder / "arithmetic_from_memory.jsonl")
-            if p.is_file()]
+    return [str(p) for p in (folder / "arithmetic_demos.jsonl",) if p.is_file()]
 
 
 # The offline teacher makes mistakes and cheats now and then, so that verification and curation have work.
@@ -239,18 +239,15 @@ class FlywheelSection(BaseModel):
     pass_k: int = Field(default=4, ge=1, description="k of the held-out pass@k (k sampled episodes per task); "
                                                      "1 skips the sampled evaluation.")
     sample_temperature: float = Field(default=0.8, gt=0, description="Temperature of sampled student episodes.")
-    grpo: bool = Field(default=True, description="Run GRPO after SFT in each round. On in the offline default, "
-                       "where the human demos that answer from memory (data/demos/arithmetic_from_memory.jsonl) "
-                       "leave the SFT student skipping the tool now and then, which the judge scores as a hack "
-                       "(reward 0). Measured (benchmarks/train_arithmetic.py, a round-1 student continued 150 SFT "
-                       "steps on teacher passes with 30% answered from memory, 50 held-out d1 tasks x 4 samples at "
-                       "T=0.8): SFT greedy 100%, sampled pass@1 0.755 (48 of 200 hacks); 16 GRPO steps (4 tasks x 8 "
-                       "samples a step, lr 1e-4) -> greedy 100%, sampled 0.925 (13 hacks); over 3 seeds the gain "
-                       "was +0.170, +0.190, +0.145 (sd 0.023; the noise of one score is 0.023, see "
-                       "promote_margin), greedy 100% -> 100% in each. Without that room (the "
-                       "plain teacher mix) SFT is at 100% greedy and 0.995 sampled on d1 and GRPO has nothing to "
-                       "learn; on the harder d2 tasks it fails the same way in every sample (greedy 78%, sampled "
-                       "0.775, and 0.775 after 16 GRPO steps: nearly every group had zero advantage).")
+    grpo: bool = Field(default=False, description="Run GRPO after SFT in each round (`--set flywheel.grpo=true`). "
+                       "Off in the offline default, measured: in a whole `make run` with GRPO on and the from-memory "
+                       "demos mixed in (1,203 human rows beside 3,412 teacher rows in round 1), 497 of 512 round-1 "
+                       "GRPO episodes passed and every group of most steps had zero advantage; GRPO = SFT = 0.890 "
+                       "sampled pass@1 in round 1, and in round 2 GRPO lowered greedy pass@1 0.89 -> 0.86 (sampled "
+                       "0.868 -> 0.873). Where SFT leaves room, GRPO pays (benchmarks/train_arithmetic.py: a round-1 "
+                       "student continued 150 SFT steps on teacher passes 30% answered from memory, 50 held-out d1 "
+                       "tasks x 4 samples at T=0.8: sampled pass@1 0.755 -> 0.925 in 16 GRPO steps, +0.170/+0.190/"
+                       "+0.145 over 3 seeds, greedy 100% -> 100%).")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")

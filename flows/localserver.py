@@ -419,6 +419,8 @@ def serve_shared(port: int, idle_s: float) -> None:
             time.sleep(tick)
             with contextlib.suppress(Exception):  # a failed reap is retried on the next tick
                 reap_dead_leases()
+            with contextlib.suppress(Exception):
+                reap_sandboxes()
             if not idle_s or time.monotonic() - last[0] < idle_s:
                 continue
             with _state_lock():
@@ -492,6 +494,7 @@ def wait_ready(timeout_s: float = 120.0) -> None:
     if _shared is not None:
         wait_shared(_shared, timeout_s)
         reap_dead_leases()
+        reap_sandboxes()
         return
     if _server is None:
         return
@@ -507,6 +510,14 @@ def wait_ready(timeout_s: float = 120.0) -> None:
                                    "PREFECT_API_URL)")
         time.sleep(0.05)
     reap_dead_leases()
+    reap_sandboxes()
+
+
+def reap_sandboxes() -> int:
+    """Kill the local sandboxes whose command is gone (sandbox/local.py `reap_orphans`)."""
+    from sandbox.local import reap_orphans
+
+    return reap_orphans()
 
 
 def reap_dead_leases() -> dict[str, int]:

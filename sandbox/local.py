@@ -76,6 +76,50 @@ log = logging.getLogger(__name__)
 WORKDIR = "/workspace"
 SANDBOX_UID = 65534
 MARKER = "flywheel-local-sandbox"  # in the holder's command line: how tests and humans find our processes
+OWNER_ARG = "owner="  # after MARKER: owner=PID-STARTTIME of the process that started the sandbox (reap_orphans)
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of pid (field 22 of /proc/PID/stat); None when gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _owner_arg() -> str:
+    return f"{OWNER_ARG}{os.getpid()}-{_process_start(os.getpid())}"
+
+
+def reap_orphans() -> int:
+    """SIGKILL every process of a local sandbox (its bwrap and its PID 1, found by MARKER in their command line)
+    whose owner (the process that started it, OWNER_ARG) is gone. A sandbox normally ends with its owner (PID 1
+    lives until its stdin closes), but one whose start a SIGKILL of the owner interrupted can stay (seen once in the
+    kill test of `flywheel run`: a bwrap left 30 s after its command died). Called by the shared server's watchdog
+    and by each command when its server answers. Returns how many processes it killed."""
+    killed = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if MARKER.encode() not in argv:
+            continue
+        owner = next((a[len(OWNER_ARG):].decode() for a in argv if a.startswith(OWNER_ARG.encode())), None)
+        pid, _, start = (owner or "").partition("-")
+        if not pid.isdigit() or _process_start(int(pid)) == start:
+            continue
+        try:
+            os.kill(int(d.name), signal.SIGKILL)
+            killed += 1
+        except OSError:
+            pass
+    if killed:
+        log.warning("local sandbox: killed %d process(es) of sandboxes whose command is gone", killed)
+    return killed
 GRACE_S = 2.0  # how long past its timeout a call may run before the host kills it
 START_TIMEOUT_S = 10.0
 STRAY_WAIT_S = 2.0  # how long killing a call's leftover processes waits for them to exit
@@ -287,7 +331,7 @@ class LocalSandbox:
             "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", WORKDIR, "--clearenv", *[x for k, v in SANDBOX_ENV.items() for x in ("--setenv", k, v)],
             "--info-fd", str(info_w),
-            "--", o.python, "-S", "-c", HOLDER_SOURCE, MARKER,
+            "--", o.python, "-S", "-c", HOLDER_SOURCE, MARKER, _owner_arg(),
         ]
         args = [*o.host_prefix, *args]
         try:

@@ -34,7 +34,7 @@ def good(i: int, answer: int = 5, *, with_ids: bool = True, arguments: object = 
 
 
 def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_problems(tmp_path):
-    """The demos that leave GRPO a job (flows/config.py _shipped_demos): every one passes its numeric check, none
+    """The demos that leave GRPO a job (opted into with curate.demo_paths): every one passes its numeric check, none
     calls a tool, none is a held-out problem, and scripts/memory_demos.py writes the same file again."""
     import subprocess
     import sys
@@ -43,7 +43,7 @@ def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_proble
     from tasks import arithmetic
 
     path = Path(DEMOS).with_name("arithmetic_from_memory.jsonl")
-    assert str(path) in _shipped_demos()
+    assert str(path) not in _shipped_demos()  # opt-in (flywheel.grpo's description says why)
     rows, errors = load_demos([str(path)], run_id="r", round=0)
     assert errors == [] and len(rows) == 1200
     assert {r.verdict for r in rows} == {"pass"} and not any(m.tool_calls for r in rows for m in r.messages)

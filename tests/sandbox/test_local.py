@@ -323,3 +323,23 @@ def test_killed_calls_leave_no_orphans_and_close_is_prompt(sb):
     t = time.monotonic()
     sb.close()
     assert time.monotonic() - t < 1.0
+
+
+def test_reap_orphans_kills_only_sandbox_processes_whose_owner_is_gone():
+    """sandbox.local.reap_orphans: a process carrying the sandbox marker and a dead owner is killed; one whose owner
+    lives, and one without the marker, are left alone (real processes, no sandbox needed)."""
+    from sandbox.local import MARKER, OWNER_ARG, _owner_arg, reap_orphans
+
+    code = "import time; time.sleep(120)"
+    dead = subprocess.Popen([sys.executable, "-c", code, MARKER, f"{OWNER_ARG}999999999-1"])
+    live = subprocess.Popen([sys.executable, "-c", code, MARKER, _owner_arg()])
+    other = subprocess.Popen([sys.executable, "-c", code, "not-a-sandbox", f"{OWNER_ARG}999999999-1"])
+    try:
+        time.sleep(0.3)
+        assert reap_orphans() >= 1
+        assert dead.wait(timeout=10) == -signal.SIGKILL
+        assert live.poll() is None and other.poll() is None
+    finally:
+        for p in (dead, live, other):
+            p.kill()
+            p.wait()
