@@ -247,7 +247,13 @@ class FlywheelSection(BaseModel):
                        "0.868 -> 0.873). Where SFT leaves room, GRPO pays (benchmarks/train_arithmetic.py: a round-1 "
                        "student continued 150 SFT steps on teacher passes 30% answered from memory, 50 held-out d1 "
                        "tasks x 4 samples at T=0.8: sampled pass@1 0.755 -> 0.925 in 16 GRPO steps, +0.170/+0.190/"
-                       "+0.145 over 3 seeds, greedy 100% -> 100%).")
+                       "+0.145 over 3 seeds, greedy 100% -> 100%). In a whole run with the demos carrying the "
+                       "episode's system message (before, the student told them apart by its absence and never "
+                       "skipped the tool), GRPO on and 600 SFT steps: round 1 GRPO 0.723 vs SFT 0.632 sampled "
+                       "(+0.090 +- 0.033), greedy 0.88 -> 0.89; but in round 2 the reused demos were 1,203 of 2,013 "
+                       "rows and greedy fell to 0.08 (curate.reuse_sources=[] keeps them to round 1), and a second "
+                       "run with reuse off stalled in round-1 SFT at 0.33 greedy (the demos teach adding in the head, "
+                       "SFT's known stall). Not yet a default.")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
@@ -256,13 +262,19 @@ class FlywheelSection(BaseModel):
         default="grpo_unless_worse", description="In a round with GRPO, which checkpoint goes on (scored as the "
         "student, rolls out, seeds the next round), after both are scored on the held-out split: "
         "'grpo_unless_worse' keeps GRPO's unless its held-out sampled pass@1 is below SFT's by more than "
-        "promote_margin; 'grpo' or 'sft' always that one.")
+        "promote_margin or its greedy pass@1 is below SFT's by more than promote_greedy_margin; 'grpo' or 'sft' "
+        "always that one.")
     promote_margin: float = Field(default=0.035, ge=0, le=1, description="The noise margin of 'grpo_unless_worse' "
                                   "on held-out sampled pass@1 (absolute): one standard deviation of the difference "
                                   "of two scores. Measured (benchmarks/eval_noise.py, one SFT checkpoint rescored "
                                   "with 3 sampling seeds on the default held-out split, 100 tasks x 4 samples at "
                                   "T=0.8): per-score seed sd 0.023 (binomial se 0.024), so a difference of two "
                                   "scores has sd 0.033.")
+    promote_greedy_margin: float = Field(default=0.0, ge=0, le=1, description="'grpo_unless_worse' also refuses "
+                                         "GRPO's checkpoint when its held-out greedy pass@1 is below SFT's by more "
+                                         "than this (absolute; 0: any drop). Default 0, measured: a make run "
+                                         "promoted a round-2 GRPO checkpoint on sampled pass@1 (+0.005) whose "
+                                         "greedy pass@1 was 0.86 against SFT's 0.89.")
 
 
 class StudentConfig(BaseModel):

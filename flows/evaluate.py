@@ -100,7 +100,7 @@ def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, A
     p = choose_promotion(fw.promote, fw.promote_margin, sft_greedy=value("sft", "pass@1"),
                          grpo_greedy=value("grpo", "pass@1"), sft_sampled=value("sft", "sampled_pass@1"),
                          grpo_sampled=value("grpo", "sampled_pass@1"), sft_n=int(value("sft", "sampled_episodes")),
-                         grpo_n=int(value("grpo", "sampled_episodes")))
+                         grpo_n=int(value("grpo", "sampled_episodes")), greedy_margin=fw.promote_greedy_margin)
     get_run_logger().info("round %d promotes %s (%s): %s", round, p.choice, p.code, p.reason)
 
     def m(name: str, v: float) -> dict[str, Any]:
@@ -108,7 +108,8 @@ def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, A
 
     rows = [m("grpo_gain_sampled_pass@1", p.gain_sampled), m("grpo_gain_sampled_se", p.gain_sampled_se),
             m("grpo_gain_pass@1", p.gain_greedy), m("promoted_grpo", float(p.choice == "grpo")),
-            m("promote_margin", fw.promote_margin), m(f"reason:{p.code}", 1.0),
+            m("promote_margin", fw.promote_margin), m("promote_greedy_margin", fw.promote_greedy_margin),
+            m(f"reason:{p.code}", 1.0),
             metric(run_id, round, "control", "stage", "-", "all", "wall_s", timer.s)]
     write_rows(cfg.run.out, "rounds", metrics + rows)
     chosen = grpo if p.choice == "grpo" else sft

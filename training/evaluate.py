@@ -79,7 +79,8 @@ class Promotion(BaseModel):
     """Which checkpoint of a round goes on, and why."""
 
     choice: Literal["sft", "grpo"]
-    code: str = Field(description="Reason code: grpo_not_worse, grpo_worse_than_margin, rule_grpo, rule_sft.")
+    code: str = Field(description="Reason code: grpo_not_worse, grpo_worse_than_margin, grpo_greedy_lower, "
+                      "rule_grpo, rule_sft.")
     reason: str = Field(description="The reason in words, with the numbers.")
     gain_sampled: float = Field(description="GRPO's held-out sampled pass@1 minus SFT's.")
     gain_sampled_se: float = Field(description="Standard error of that difference (two binomial proportions).")
@@ -87,10 +88,12 @@ class Promotion(BaseModel):
 
 
 def choose_promotion(rule: PromoteRule, margin: float, *, sft_greedy: float, grpo_greedy: float,
-                     sft_sampled: float, grpo_sampled: float, sft_n: int, grpo_n: int) -> Promotion:
+                     sft_sampled: float, grpo_sampled: float, sft_n: int, grpo_n: int,
+                     greedy_margin: float = 0.0) -> Promotion:
     """The promotion rule: 'grpo_unless_worse' keeps GRPO's checkpoint unless its held-out sampled pass@1 is below
-    SFT's by more than `margin`; 'grpo' / 'sft' always pick that one. sft_n / grpo_n: the sampled episodes scored
-    (for the standard error of the gain, reported beside it)."""
+    SFT's by more than `margin`, or its greedy pass@1 is below SFT's by more than `greedy_margin` (0: any drop);
+    'grpo' / 'sft' always pick that one. sft_n / grpo_n: the sampled episodes scored (for the standard error of the
+    gain, reported beside it)."""
     gain = grpo_sampled - sft_sampled
     se = (sft_sampled * (1 - sft_sampled) / max(1, sft_n) + grpo_sampled * (1 - grpo_sampled) / max(1, grpo_n)) ** 0.5
     nums = (f"held-out sampled pass@1 GRPO {grpo_sampled:.3f} vs SFT {sft_sampled:.3f} (gain {gain:+.3f} "
@@ -104,5 +107,10 @@ def choose_promotion(rule: PromoteRule, margin: float, *, sft_greedy: float, grp
     if gain < -margin:
         return Promotion(choice="sft", code="grpo_worse_than_margin",
                          reason=f"SFT's: GRPO is worse by more than the margin {margin:g}; {nums}", **common)
+    if grpo_greedy < sft_greedy - greedy_margin - 1e-9:
+        return Promotion(choice="sft", code="grpo_greedy_lower",
+                         reason=f"SFT's: GRPO's greedy pass@1 is below SFT's by more than the greedy margin "
+                                f"{greedy_margin:g}; {nums}", **common)
     return Promotion(choice="grpo", code="grpo_not_worse",
-                     reason=f"GRPO's: not worse than SFT's by more than the margin {margin:g}; {nums}", **common)
+                     reason=f"GRPO's: not worse than SFT's by more than the margin {margin:g} (sampled) or "
+                            f"{greedy_margin:g} (greedy); {nums}", **common)

@@ -35,10 +35,13 @@ def good(i: int, answer: int = 5, *, with_ids: bool = True, arguments: object = 
 
 def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_problems(tmp_path):
     """The demos that leave GRPO a job (opted into with curate.demo_paths): every one passes its numeric check, none
-    calls a tool, none is a held-out problem, and scripts/memory_demos.py writes the same file again."""
+    calls a tool, none is a held-out problem, each opens with the system message an episode of the task opens with
+    (else the student learns to tell them apart by it and never skips the tool on a real prompt), and
+    scripts/memory_demos.py writes the same file again."""
     import subprocess
     import sys
 
+    from agents.loop import initial_messages
     from flows.config import _shipped_demos
     from tasks import arithmetic
 
@@ -48,7 +51,10 @@ def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_proble
     assert errors == [] and len(rows) == 1200
     assert {r.verdict for r in rows} == {"pass"} and not any(m.tool_calls for r in rows for m in r.messages)
     heldout = {t.prompt for t in arithmetic.generate(2000, split="heldout", seed=7919, difficulty=1)}
-    assert not heldout & {r.messages[0].content for r in rows}
+    assert not heldout & {r.messages[1].content for r in rows}
+    episode_system = initial_messages(arithmetic.generate(1, split="train", seed=7919, difficulty=1)[0])[0]
+    assert {(r.messages[0].role, r.messages[0].content) for r in rows} == {("system", episode_system.content)}
+    assert [m.role for m in rows[0].messages] == ["system", "user", "assistant"]
     again = tmp_path / "again.jsonl"
     subprocess.run([sys.executable, "scripts/memory_demos.py", "--out", str(again)], check=True,
                    cwd=Path(DEMOS).parents[2], capture_output=True)

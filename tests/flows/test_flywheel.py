@@ -91,8 +91,10 @@ def check_grpo_rounds(out: Path, log: str, run_id: str) -> None:
     assert val[("sft", "sampled_episodes")] == val[("grpo", "sampled_episodes")] > 0
     gain = val[("grpo", "sampled_pass@1")] - val[("sft", "sampled_pass@1")]
     assert val[("promotion", "grpo_gain_sampled_pass@1")] == pytest.approx(gain)
-    margin = FlywheelConfig().flywheel.promote_margin
-    assert ctrl["promoted"] == ("sft" if gain < -margin else "grpo")  # the default rule and margin
+    fw = FlywheelConfig().flywheel
+    greedy_drop = val[("sft", "pass@1")] - val[("grpo", "pass@1")]
+    worse = gain < -fw.promote_margin or greedy_drop > fw.promote_greedy_margin + 1e-9
+    assert ctrl["promoted"] == ("sft" if worse else "grpo")  # the default rule and margins
     assert grpo["skipped_tasks"] == {} and grpo["tasks"] > 0  # round 1: every task unseen by the student
     assert val[("promotion", "promoted_grpo")] == float(ctrl["promoted"] == "grpo")
     assert val[("promotion", f"reason:{ctrl['code']}")] == 1.0
