@@ -38,11 +38,12 @@ from training.config import (
 
 
 def _shipped_demos() -> list[str]:
-    """The human demonstrations shipped with the project (a source checkout), if present: the tool-using ones. The
-    ones that answer from memory without the tool (data/demos/arithmetic_from_memory.jsonl, scripts/memory_demos.py)
-    are shipped for GRPO schedules and opted into with curate.demo_paths; see flywheel.grpo for why not by default."""
+    """The human demonstrations shipped with the project (a source checkout), if present: the tool-using ones and
+    the ones that answer from memory without the tool (data/demos/arithmetic_from_memory.jsonl,
+    scripts/memory_demos.py), which leave GRPO its job in the offline default (flywheel.grpo, sft.late_sources)."""
     folder = Path(__file__).resolve().parent.parent / "data" / "demos"
-    return [str(p) for p in (folder / "arithmetic_demos.jsonl",) if p.is_file()]
+    return [str(p) for p in (folder / "arithmetic_demos.jsonl", folder / "arithmetic_from_memory.jsonl")
+            if p.is_file()]
 
 
 # The offline teacher makes mistakes and cheats now and then, so that verification and curation have work.
@@ -239,21 +240,15 @@ class FlywheelSection(BaseModel):
     pass_k: int = Field(default=4, ge=1, description="k of the held-out pass@k (k sampled episodes per task); "
                                                      "1 skips the sampled evaluation.")
     sample_temperature: float = Field(default=0.8, gt=0, description="Temperature of sampled student episodes.")
-    grpo: bool = Field(default=False, description="Run GRPO after SFT in each round (`--set flywheel.grpo=true`). "
-                       "Off in the offline default, measured: in a whole `make run` with GRPO on and the from-memory "
-                       "demos mixed in (1,203 human rows beside 3,412 teacher rows in round 1), 497 of 512 round-1 "
-                       "GRPO episodes passed and every group of most steps had zero advantage; GRPO = SFT = 0.890 "
-                       "sampled pass@1 in round 1, and in round 2 GRPO lowered greedy pass@1 0.89 -> 0.86 (sampled "
-                       "0.868 -> 0.873). Where SFT leaves room, GRPO pays (benchmarks/train_arithmetic.py: a round-1 "
-                       "student continued 150 SFT steps on teacher passes 30% answered from memory, 50 held-out d1 "
-                       "tasks x 4 samples at T=0.8: sampled pass@1 0.755 -> 0.925 in 16 GRPO steps, +0.170/+0.190/"
-                       "+0.145 over 3 seeds, greedy 100% -> 100%). In a whole run with the demos carrying the "
-                       "episode's system message (before, the student told them apart by its absence and never "
-                       "skipped the tool), GRPO on and 600 SFT steps: round 1 GRPO 0.723 vs SFT 0.632 sampled "
-                       "(+0.090 +- 0.033), greedy 0.88 -> 0.89; but in round 2 the reused demos were 1,203 of 2,013 "
-                       "rows and greedy fell to 0.08 (curate.reuse_sources=[] keeps them to round 1), and a second "
-                       "run with reuse off stalled in round-1 SFT at 0.33 greedy (the demos teach adding in the head, "
-                       "SFT's known stall). Not yet a default.")
+    grpo: bool = Field(default=True, description="Run GRPO after SFT in each round (`--set flywheel.grpo=false` "
+                       "for SFT alone). RL's job in the offline default: the shipped from-memory human demos "
+                       "(curate.demo_paths) train only in SFT's last 150 steps (sft.late_sources), so the SFT student "
+                       "keeps copying the tool's result greedily but skips the tool in some sampled episodes, which the "
+                       "judge scores as hacks (no_tool_use, reward 0) and GRPO's groups can tell apart. Measured in "
+                       "whole runs (see the README): round-1 held-out sampled pass@1 SFT 0.613-0.660 -> GRPO "
+                       "0.797-0.820 (+0.16..+0.19, +- 0.03), greedy 0.89 = 0.89. Without the late phase the demos "
+                       "either left no room (2,000 steps: 497 of 512 GRPO episodes passed, GRPO = SFT = 0.890) or "
+                       "stalled SFT (600 steps: 0.33 greedy in one run).")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
@@ -339,7 +334,8 @@ class FlywheelConfig(BaseModel):
                                  description="Filters, dedup, decontamination, mix; the offline default mixes in "
                                              "the human demos shipped in data/demos/.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Task choice per round.")
-    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=2000, learning_rate=5e-3, weight_decay=0.3),
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=2000, learning_rate=5e-3, weight_decay=0.3,
+                                                             late_sources=["human"]),
                            description="Supervised fine-tuning (TRL SFTTrainer); the offline default is the measured "
                                        "recipe that takes the tiny student (after its copy warm-up, "
                                        "student.tiny.copy_warmup_steps) to 100% on held-out arithmetic in every "
@@ -358,6 +354,17 @@ class FlywheelConfig(BaseModel):
                                          "refuses to promote the round's checkpoint to the next round.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="`flywheel serve`: deployments, schedules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Prefect global concurrency limits.")
+
+    @model_validator(mode="after")
+    def _late_phase_fits(self) -> FlywheelConfig:
+        """sft.late_sources needs every round's SFT to run more steps than its late phase."""
+        if self.sft.late_sources:
+            for key, steps in (("sft.max_steps", self.sft.max_steps),
+                               ("flywheel.later_sft_steps", self.flywheel.later_sft_steps)):
+                if steps is not None and steps <= self.sft.late_steps:
+                    raise ValueError(f"sft.late_sources needs {key} ({steps}) above sft.late_steps "
+                                     f"({self.sft.late_steps}); raise it or lower sft.late_steps")
+        return self
 
     def to_toml(self) -> str:
         return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))

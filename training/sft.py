@@ -11,7 +11,9 @@ folder. This module does not choose the data (curation does) and does not regist
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -102,13 +104,14 @@ def training_template(tokenizer) -> str | None:
 def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[dict[str, list], dict[str, Any]]:
     """Tokenize trajectories into input_ids/labels (-100 outside assistant turns), truncated at max_length.
 
-    Returns the columns and counts of what was kept, cut and dropped (with the dropped ids).
+    Returns the columns and counts of what was kept, cut and dropped (with the dropped ids, and the source of each
+    kept example in order).
     """
     template = training_template(tokenizer) if cfg.assistant_only_loss else None
     ids_col: list[list[int]] = []
     labels_col: list[list[int]] = []
     stats = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0, "loss_tokens": 0,
-             "dropped_ids": []}
+             "dropped_ids": [], "kept_sources": []}
     for row in rows:
         try:
             msgs, tools = trajectory_conversation(row, template=tokenizer.chat_template)
@@ -135,9 +138,36 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
             continue
         ids_col.append(ids)
         labels_col.append(labels)
+        stats["kept_sources"].append(row.source)
         stats["tokens"] += len(ids)
         stats["loss_tokens"] += sum(1 for lab in labels if lab != -100)
     return {"input_ids": ids_col, "labels": labels_col}, stats
+
+
+def sft_phases(cols: dict[str, list], sources: list[str], cfg: SFTConfig
+               ) -> list[tuple[dict[str, list], int, float]]:
+    """(columns, max_steps, peak learning rate) of each training phase: one over every example; or, with
+    cfg.late_sources and examples of both kinds, a first phase of max_steps - late_steps over the other sources'
+    examples and a last one of late_steps at late_learning_rate over all of them, the late sources' examples
+    sampled (seeded) down to late_max_share of that phase. TrainingError when the late phase cannot fit (max_steps
+    not above late_steps)."""
+    late = set(cfg.late_sources)
+    is_late = [src in late for src in sources]
+    if not late or all(is_late) or not any(is_late):
+        return [(cols, cfg.max_steps, cfg.learning_rate)]
+    if cfg.max_steps <= cfg.late_steps:
+        raise TrainingError(f"sft.late_sources {sorted(late)} needs sft.max_steps ({cfg.max_steps}) above "
+                            f"sft.late_steps ({cfg.late_steps}); raise max_steps or lower late_steps")
+    early_idx = [i for i, lt in enumerate(is_late) if not lt]
+    late_idx = [i for i, lt in enumerate(is_late) if lt]
+    cap = math.floor(cfg.late_max_share * len(early_idx) / (1 - cfg.late_max_share)) if cfg.late_max_share < 1 \
+        else len(late_idx)
+    if len(late_idx) > cap:
+        late_idx = sorted(random.Random(cfg.seed).sample(late_idx, cap))
+    last = sorted(early_idx + late_idx)
+    return [({k: [col[i] for i in early_idx] for k, col in cols.items()}, cfg.max_steps - cfg.late_steps,
+             cfg.learning_rate),
+            ({k: [col[i] for i in last] for k, col in cols.items()}, cfg.late_steps, cfg.late_learning_rate)]
 
 
 def router_logits_off(model: Any) -> None:
@@ -194,35 +224,40 @@ def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: st
         raise TrainingError(f"all {len(rows)} trajectories were dropped ({stats['dropped_truncated']} past "
                             f"max_length={cfg.max_length}, {stats['dropped_malformed']} malformed); raise "
                             f"SFTConfig.max_length or check the snapshot")
-    dataset = Dataset.from_dict(cols)
+    phases = sft_phases(cols, stats["kept_sources"], cfg)
     model = AutoModelForCausalLM.from_pretrained(str(model_path))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # low entropy is SFT's goal (confident imitation), not a collapse: only GRPO warns on it
+    diag = DiagnosticsCallback(DiagnosticsThresholds(min_entropy=0.0))
+    losses: list[float] = []
+    steps, wall = 0, 0.0
     with tempfile.TemporaryDirectory(prefix="flywheel-sft-") as scratch:
-        args = TRLSFTConfig(
-            output_dir=scratch, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
-            per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio,
-            weight_decay=cfg.weight_decay, max_length=cfg.max_length, packing=cfg.packing,
-            packing_strategy="wrapped" if cfg.packing else "bfd",
-            seed=cfg.seed, data_seed=cfg.seed, logging_steps=cfg.logging_steps, save_strategy="no",
-            report_to="none", disable_tqdm=not progress, dataloader_num_workers=0,
-            **_device_kwargs(cfg.bf16),
-        )
-        # low entropy is SFT's goal (confident imitation), not a collapse: only GRPO warns on it
-        diag = DiagnosticsCallback(DiagnosticsThresholds(min_entropy=0.0))
-        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                             callbacks=[diag, *(callbacks or [])])
-        t1 = time.perf_counter()
-        trainer.train()
-        wall = time.perf_counter() - t1
-        losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        for phase_cols, max_steps, lr in phases:
+            args = TRLSFTConfig(
+                output_dir=scratch, num_train_epochs=cfg.epochs, max_steps=max_steps,
+                per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+                gradient_checkpointing=cfg.gradient_checkpointing,
+                learning_rate=lr, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio,
+                weight_decay=cfg.weight_decay, max_length=cfg.max_length, packing=cfg.packing,
+                packing_strategy="wrapped" if cfg.packing else "bfd",
+                seed=cfg.seed, data_seed=cfg.seed, logging_steps=cfg.logging_steps, save_strategy="no",
+                report_to="none", disable_tqdm=not progress, dataloader_num_workers=0,
+                **_device_kwargs(cfg.bf16),
+            )
+            trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(phase_cols),
+                                 processing_class=tokenizer, callbacks=[diag, *(callbacks or [])])
+            t1 = time.perf_counter()
+            trainer.train()
+            wall += time.perf_counter() - t1
+            losses += [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+            steps += int(trainer.state.global_step)
+            model = trainer.model
         router_logits_off(trainer.model)
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
     return SFTResult(
-        checkpoint_path=str(out), losses=losses, steps=int(trainer.state.global_step), wall_s=wall,
+        checkpoint_path=str(out), losses=losses, steps=steps, wall_s=wall,
         total_s=time.perf_counter() - t0, n_rows=len(rows), n_examples=len(cols["input_ids"]),
         n_dropped_truncated=stats["dropped_truncated"], n_dropped_malformed=stats["dropped_malformed"],
         n_truncated=stats["truncated"], n_tokens=stats["tokens"], n_loss_tokens=stats["loss_tokens"],

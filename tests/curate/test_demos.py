@@ -34,7 +34,7 @@ def good(i: int, answer: int = 5, *, with_ids: bool = True, arguments: object = 
 
 
 def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_problems(tmp_path):
-    """The demos that leave GRPO a job (opted into with curate.demo_paths): every one passes its numeric check, none
+    """The demos that leave GRPO a job in the offline default: every one passes its numeric check, none
     calls a tool, none is a held-out problem, each opens with the system message an episode of the task opens with
     (else the student learns to tell them apart by it and never skips the tool on a real prompt), and
     scripts/memory_demos.py writes the same file again."""
@@ -46,7 +46,7 @@ def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_proble
     from tasks import arithmetic
 
     path = Path(DEMOS).with_name("arithmetic_from_memory.jsonl")
-    assert str(path) not in _shipped_demos()  # opt-in (flywheel.grpo's description says why)
+    assert str(path) in _shipped_demos()  # GRPO's job in the offline default (flywheel.grpo's description)
     rows, errors = load_demos([str(path)], run_id="r", round=0)
     assert errors == [] and len(rows) == 1200
     assert {r.verdict for r in rows} == {"pass"} and not any(m.tool_calls for r in rows for m in r.messages)

@@ -33,7 +33,8 @@ FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 SMALL = [
     "--set", 'flywheel.suites=[{suite="arithmetic",train_tasks=40,heldout_tasks=4},'
              '{suite="arithmetic",difficulty=2,from_round=2,train_tasks=20,heldout_tasks=4}]',
-    "--set", "sft.max_steps=40", "--set", "flywheel.later_sft_steps=10", "--set", "grpo.max_steps=1",
+    "--set", "sft.max_steps=40", "--set", "flywheel.later_sft_steps=10", "--set", "sft.late_steps=5",
+    "--set", "grpo.max_steps=1",
     "--set", "grpo.num_generations=2", "--set", "grpo.prompts_per_step=1", "--set", "flywheel.pass_k=2",
     "--set", "flywheel.student_train_tasks=10", "--set", "student.tiny.hidden=64", "--set", "student.tiny.layers=2",
     "--set", "student.tiny.copy_warmup_steps=20",

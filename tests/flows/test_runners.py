@@ -130,11 +130,11 @@ def test_flywheel_run_parameters_set_their_keys():
 
     served = FlywheelConfig.model_validate({"sft": {"max_steps": 7}})
     params = served_parameters(served, "flywheel")
-    assert (params["rounds"], params["grpo"], params["student_base"]) == (2, False, "tiny")
+    assert (params["rounds"], params["grpo"], params["student_base"]) == (2, True, "tiny")
     assert params["suites"] == served.model_dump(mode="json")["flywheel"]["suites"] and params["overrides"] == []
     cfg = run_config_of(served, "flywheel", {"rounds": 1, "suites": [SuiteStep(suite="arithmetic", train_tasks=8)],
-                                             "student_base": None, "grpo": True}, ["sft.learning_rate=1e-3"])
-    assert (cfg.flywheel.rounds, cfg.flywheel.grpo, cfg.student.base) == (1, True, "tiny")
+                                             "student_base": None, "grpo": False}, ["sft.learning_rate=1e-3"])
+    assert (cfg.flywheel.rounds, cfg.flywheel.grpo, cfg.student.base) == (1, False, "tiny")
     assert [s.train_tasks for s in cfg.flywheel.suites] == [8]
     assert (cfg.sft.max_steps, cfg.sft.learning_rate) == (7, 1e-3)
 

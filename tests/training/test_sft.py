@@ -85,3 +85,46 @@ def test_load_snapshot_takes_ids_as_values(tmp_path):
     assert sorted(r.task_id for r in load_snapshot(root, "snap-1")) == ["it's", "o''neil"]
     with pytest.raises(TrainingError, match="has no trajectories"):
         load_snapshot(root, "snap-1' OR '1'='1")
+
+
+def test_late_sources_train_in_a_last_phase_over_the_whole_mix():
+    from training.sft import sft_phases
+
+    cols = {"input_ids": [[1], [2], [3], [4]], "labels": [[1], [2], [3], [4]]}
+    sources = ["teacher", "human", "teacher", "student"]
+    cfg = SFTConfig(max_steps=100, learning_rate=5e-3, late_sources=["human"], late_steps=30, late_learning_rate=2e-3,
+                    late_max_share=0.5)
+    (early, n1, lr1), (late, n2, lr2) = sft_phases(cols, sources, cfg)
+    assert early["input_ids"] == [[1], [3], [4]] and early["labels"] == [[1], [3], [4]]
+    assert (n1, lr1, n2, lr2) == (70, 5e-3, 30, 2e-3) and late == cols
+    # more late rows than late_max_share allows: a seeded sample of them, the others all kept, order kept
+    many = {"input_ids": [[i] for i in range(10)], "labels": [[i] for i in range(10)]}
+    src = ["teacher"] * 3 + ["human"] * 7
+    (_, _, _), (late, _, _) = sft_phases(many, src, cfg)
+    assert late["input_ids"][:3] == [[0], [1], [2]] and len(late["input_ids"]) == 6  # 3 teacher + 3 human = 50%
+    assert late["input_ids"] == sorted(late["input_ids"]) and late == sft_phases(many, src, cfg)[1][0]
+    assert sft_phases(many, src, cfg.model_copy(update={"seed": 1}))[1][0] != late  # the seed picks the sample
+    # one phase without late sources, or when the snapshot holds only one kind
+    assert sft_phases(cols, sources, cfg.model_copy(update={"late_sources": []})) == [(cols, 100, 5e-3)]
+    assert sft_phases(cols, ["human"] * 4, cfg) == [(cols, 100, 5e-3)]
+    assert sft_phases(cols, ["teacher"] * 4, cfg) == [(cols, 100, 5e-3)]
+    with pytest.raises(TrainingError, match=r"sft.max_steps \(30\) above sft.late_steps \(30\)"):
+        sft_phases(cols, sources, cfg.model_copy(update={"max_steps": 30}))
+
+
+def test_late_phase_that_cannot_fit_is_a_config_error():
+    from flows.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"flywheel.later_sft_steps \(100\) above sft.late_steps \(150\)"):
+        load_config(None, ['sft.late_sources=["human"]', "flywheel.later_sft_steps=100"])
+    cfg = load_config(None, ['sft.late_sources=["human"]'])
+    assert cfg.sft.late_sources == ["human"] and cfg.sft.max_steps == 2000
+
+
+@pytest.mark.slow
+def test_two_phase_sft_counts_both_phases(tiny_model, ref_rows, tmp_path):
+    rows = [r.model_copy(update={"source": "human"}) if i % 4 == 0 else r for i, r in enumerate(ref_rows)]
+    cfg = SFTConfig(max_steps=5, batch_size=4, late_sources=["human"], late_steps=2, seed=3)
+    res = train_sft(tiny_model, rows, tmp_path / "out", cfg, progress=False)
+    assert res.steps == 5 and len(res.losses) == 5 and res.n_examples == len(rows)
+    assert (tmp_path / "out" / "model.safetensors").exists()
