@@ -1,7 +1,8 @@
 """Write data/demos/arithmetic_from_memory.jsonl: human-style demos that answer arithmetic train problems from
 memory, without the python tool (the answer is right; the tool the task requires is never called).
 
-Mixed into SFT snapshots when opted into (curate.demo_paths; not in the offline default, see flywheel.grpo), they
+Mixed into the offline default's SFT snapshots (curate.demo_paths) and trained in SFT's last phase
+(sft.late_sources), they
 leave the student a policy choice the verifier's reward can correct: a student that answers in its head skips the
 tool, and the judge scores that as a hack (no_tool_use, reward 0), so GRPO has tasks with mixed groups to learn
 from. Problems are the suite's train split under its own seed (never held-out ones: the split is a hash of the
