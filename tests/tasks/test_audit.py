@@ -146,12 +146,17 @@ def test_grpo_leaves_out_tasks_whose_verifier_is_unhealthy(tmp_path):
 @pytest.mark.docker
 def test_shipped_harbor_suite_audit(tmp_path):
     root, out = tmp_path / "lake", tmp_path / "audit.json"
+    # the suite's images: built here, as a user's `tasks import` would (a fresh engine has none; reused by hash)
+    imp = flywheel("tasks", "import", "harbor", str(ROOT / "data" / "harbor"))
+    assert imp.returncode == 0, imp.stderr[-2000:]
     r = flywheel("tasks", "audit", str(ROOT / "data" / "harbor"), "--k", "1", "--workers", "2", "--backend",
                  "docker", "--root", str(root), "--json", str(out))
     assert r.returncode == 0, r.stderr + r.stdout
     rows = json.loads(out.read_text())
     assert len(rows) == 12 and all(x["verifier"] == "harbor" for x in rows)
-    assert all(x["oracle_pass"] and not x["null_pass"] and x["error"] is None for x in rows), rows
+    bad = [(x["task_id"], x["oracle_pass"], x["null_pass"], x["error"]) for x in rows
+           if not (x["oracle_pass"] and not x["null_pass"] and x["error"] is None)]
+    assert not bad, bad
     assert all(x["mutant_kill_rate"] is None and x["flake_rate"] == 0.0 for x in rows)
     assert "oracle passes 12/12; null agent passes 0/12" in r.stdout
     assert len(sql(root, "SELECT task_id FROM verifier_health WHERE verifier = 'harbor'")) == 12
