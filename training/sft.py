@@ -5,7 +5,8 @@ conversation codec), rendered by the model's chat template
 (TRL's training variant with generation markers) and tokenized here, so that the loss covers assistant tokens only
 and examples the token budget would cut are counted instead of silently vanishing (TRL drops an example whose
 assistant tokens all fall past max_length without a word). The trained model is saved as an ordinary model
-folder. This module does not choose the data (curation does) and does not register checkpoints (registry.py).
+folder. With SFTConfig.late_sources, the rows of those sources train only in a last phase (sft_phases). This module
+does not choose the data (curation does) and does not register checkpoints (registry.py).
 """
 
 from __future__ import annotations
