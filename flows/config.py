@@ -246,9 +246,9 @@ class FlywheelSection(BaseModel):
                        "keeps copying the tool's result greedily but skips the tool in some sampled episodes, which the "
                        "judge scores as hacks (no_tool_use, reward 0) and GRPO's groups can tell apart. Measured in "
                        "whole runs (see the README): held-out sampled pass@1 SFT -> GRPO +0.14..+0.19 in round 1 (5 "
-                       "runs, sd 0.017) and +0.22..+0.28 in round 2 (3 runs), each +- 0.03, greedy never lower. Without the late phase the demos "
-                       "either left no room (2,000 steps: 497 of 512 GRPO episodes passed, GRPO = SFT = 0.890) or "
-                       "stalled SFT (600 steps: 0.33 greedy in one run).")
+                       "runs, sd 0.017) and +0.22..+0.28 in round 2 (3 runs), each +- 0.03, greedy never lower. "
+                       "Without the late phase the demos either left no room (2,000 steps: 497 of 512 GRPO "
+                       "episodes passed, GRPO = SFT = 0.890) or stalled SFT (600 steps: 0.33 greedy in one run).")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
@@ -358,12 +358,10 @@ class FlywheelConfig(BaseModel):
     @model_validator(mode="after")
     def _late_phase_fits(self) -> FlywheelConfig:
         """sft.late_sources needs every round's SFT to run more steps than its late phase."""
-        if self.sft.late_sources:
-            for key, steps in (("sft.max_steps", self.sft.max_steps),
-                               ("flywheel.later_sft_steps", self.flywheel.later_sft_steps)):
-                if steps is not None and steps <= self.sft.late_steps:
-                    raise ValueError(f"sft.late_sources needs {key} ({steps}) above sft.late_steps "
-                                     f"({self.sft.late_steps}); raise it or lower sft.late_steps")
+        for key, steps in (("sft.max_steps", self.sft.max_steps),
+                           ("flywheel.later_sft_steps", self.flywheel.later_sft_steps)):
+            if problem := self.sft.late_phase_problem(key, steps):
+                raise ValueError(problem)
         return self
 
     def to_toml(self) -> str:

@@ -79,6 +79,14 @@ class SFTConfig(BaseModel):
                                   "813 other rows (60%), and 150 steps of that took the SFT student to 0.09 greedy "
                                   "pass@1; round 1's 26% kept it at 0.89.")
 
+    def late_phase_problem(self, key: str, steps: int | None) -> str | None:
+        """Why a round of `steps` SFT steps (named by config key `key`) cannot hold the late phase; None when it
+        can, or when there is no late phase or no step count."""
+        if not self.late_sources or steps is None or steps > self.late_steps:
+            return None
+        return (f"sft.late_sources needs {key} ({steps}) above sft.late_steps ({self.late_steps}); raise {key} or "
+                f"lower sft.late_steps")
+
 
 class GRPOConfig(BaseModel):
     """Group-relative policy optimisation with our sandboxes as the environment and our verifiers as reward."""

@@ -156,19 +156,20 @@ def sft_phases(cols: dict[str, list], sources: list[str], cfg: SFTConfig
     is_late = [src in late for src in sources]
     if not late or all(is_late) or not any(is_late):
         return [(cols, cfg.max_steps, cfg.learning_rate)]
-    if cfg.max_steps <= cfg.late_steps:
-        raise TrainingError(f"sft.late_sources {sorted(late)} needs sft.max_steps ({cfg.max_steps}) above "
-                            f"sft.late_steps ({cfg.late_steps}); raise max_steps or lower late_steps")
+    if problem := cfg.late_phase_problem("sft.max_steps", cfg.max_steps):
+        raise TrainingError(problem)
     early_idx = [i for i, lt in enumerate(is_late) if not lt]
     late_idx = [i for i, lt in enumerate(is_late) if lt]
-    cap = math.floor(cfg.late_max_share * len(early_idx) / (1 - cfg.late_max_share)) if cfg.late_max_share < 1 \
-        else len(late_idx)
-    if len(late_idx) > cap:
-        late_idx = sorted(random.Random(cfg.seed).sample(late_idx, cap))
-    last = sorted(early_idx + late_idx)
-    return [({k: [col[i] for i in early_idx] for k, col in cols.items()}, cfg.max_steps - cfg.late_steps,
-             cfg.learning_rate),
-            ({k: [col[i] for i in last] for k, col in cols.items()}, cfg.late_steps, cfg.late_learning_rate)]
+    if cfg.late_max_share < 1:
+        cap = math.floor(cfg.late_max_share * len(early_idx) / (1 - cfg.late_max_share))
+        if len(late_idx) > cap:
+            late_idx = random.Random(cfg.seed).sample(late_idx, cap)
+
+    def take(idx: list[int]) -> dict[str, list]:
+        return {k: [col[i] for i in sorted(idx)] for k, col in cols.items()}
+
+    return [(take(early_idx), cfg.max_steps - cfg.late_steps, cfg.learning_rate),
+            (take(early_idx + late_idx), cfg.late_steps, cfg.late_learning_rate)]
 
 
 def router_logits_off(model: Any) -> None:
