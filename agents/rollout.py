@@ -203,16 +203,24 @@ async def rollout(
                         policy.name, row.error_class, row.error_message, attempt, infra_retries, delay)
             await asyncio.sleep(delay)
 
-    async def worker() -> None:
-        for task, s, policy, _tid in it:
-            row = await one(task, s, policy)
-            summary.add(row)
-            buffer.append(row)
-            bar.advance(summary)
-            await flush()
-
     distinct = {id(p): p for p in (policies.policies if isinstance(policies, Mixture) else
                                    [policies] if hasattr(policies, "reply") else policies)}  # type: ignore[union-attr]
+    # A batching in-process policy (agents/transformers_policy.py) of a single-policy rollout is held in lockstep:
+    # its batches wait for every worker, so which requests share a batch does not depend on timing.
+    held = [p for p in distinct.values() if hasattr(p, "lockstep")] if len(distinct) == 1 else []
+
+    async def worker() -> None:
+        try:
+            for task, s, policy, _tid in it:
+                row = await one(task, s, policy)
+                summary.add(row)
+                buffer.append(row)
+                bar.advance(summary)
+                await flush()
+        finally:
+            for p in held:
+                p.lockstep_done()
+
     # One thread per episode in flight for its blocking sandbox calls (the default executor has only cpus + 4).
     executor = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo))) + 1,
                                   thread_name_prefix="flywheel-rollout")
@@ -221,8 +229,11 @@ async def rollout(
             for p in distinct.values():
                 if hasattr(p, "session"):  # per-loop resources (HTTP clients) live as long as this run
                     await stack.enter_async_context(p.session())
+            workers = min(concurrency, len(todo))
+            for p in held:
+                p.lockstep(workers)
             async with asyncio.TaskGroup() as tg:
-                for _ in range(min(concurrency, len(todo))):
+                for _ in range(workers):
                     tg.create_task(worker())
         while buffer:
             await flush(force=True)

@@ -19,7 +19,12 @@ field such as Qwen3's `reasoning_content`, or inline as `<think>` in the content
 Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample index,
 turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of softmax(logits/T)),
 so a sampled reply does not depend on which requests share its batch or on thread timing, and a resumed run samples
-what the uninterrupted one did. This module does not run tools or verify anything.
+what the uninterrupted one did. Which requests share a batch still moves a row's logits in the last bits (padding to
+the batch's longest prompt: measured up to 5e-7 in a logprob), which can flip a near-tie token. So the rollout
+runner holds the policy in lockstep (`lockstep`, agents/rollout.py): a batch is cut only when every worker of the
+rollout that still has episodes waits for a reply, and its requests are ordered by their keys, so each batch is the
+same set in the same order whatever the load and the thread timing (`LOCKSTEP_WAIT_S` bounds the wait: past it the
+batch is cut with a warning, as a worker blocked elsewhere must not stall the others). This module does not run tools or verify anything.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -37,6 +43,8 @@ from warehouse import chat
 from warehouse.record import Message, Source
 
 END_OF_TURN = ("<|im_end|>", "<|return|>", "<|call|>")  # Qwen/Hermes; harmony's answer and tool-call ends
+LOCKSTEP_WAIT_S = 120.0  # the longest a lockstep batch waits for the rollout's other workers
+log = logging.getLogger(__name__)
 
 
 def stop_token_ids(tokenizer: Any, extra: Any = None) -> list[int]:
@@ -187,6 +195,8 @@ class TransformersPolicy:
             text_config.output_router_logits = False  # with a KV cache cannot compute the aux loss (GPT-OSS)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
         self._queue: list[_Request] = []
+        self._slots = 0  # rollout workers held in lockstep (see the module docstring)
+        self._wake: asyncio.Event | None = None
         self._lock = threading.Lock()
         self._worker: asyncio.Task | None = None
         self._batches = 0
@@ -220,13 +230,46 @@ class TransformersPolicy:
         self._queue.append(_Request(ids, fut, loop, sample_key(self.seed, task.id, sample_index, len(messages))))
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
+        elif self._wake is not None:
+            self._wake.set()
         out_ids, logprobs, finish = await fut
         return self.reader.reply(out_ids, turn=len(messages), prompt_ids=ids, logprobs=logprobs, finish=finish)
+
+    def lockstep(self, workers: int) -> None:
+        """Hold `workers` more rollout workers in lockstep (called by agents.rollout in its event loop): batches wait
+        until every held worker waits for a reply. Each worker calls `lockstep_done` when it has no more episodes."""
+        self._slots += workers
+        self._wake = self._wake or asyncio.Event()
+
+    def lockstep_done(self) -> None:
+        """One held worker has no more episodes: batches no longer wait for it."""
+        self._slots = max(0, self._slots - 1)
+        if self._wake is not None:
+            self._wake.set()
+        if self._slots == 0:
+            self._wake = None
+
+    async def _gathered(self) -> None:
+        """Wait until every lockstep worker has a request queued (at most LOCKSTEP_WAIT_S)."""
+        deadline = asyncio.get_running_loop().time() + LOCKSTEP_WAIT_S
+        while self._slots and len(self._queue) < self._slots and self._wake is not None:
+            self._wake.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, left))
+            except TimeoutError:
+                log.warning("%s: lockstep batch cut after %.0f s with %d of %d workers waiting (a worker is blocked "
+                            "elsewhere); this batch's composition depends on timing", self.name, LOCKSTEP_WAIT_S,
+                            len(self._queue), self._slots)
+                return
+        if self._slots:
+            self._queue.sort(key=lambda r: r.key)
 
     async def _drain(self) -> None:
         # Let every worker that is about to ask do so before the batch is cut.
         await asyncio.sleep(0)
         while self._queue:
+            await self._gathered()
             batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size:]
             try:
                 results = await asyncio.to_thread(self._generate, [r.prompt_ids for r in batch],

@@ -154,6 +154,14 @@ class CurateConfig(BaseModel):
         default=True,
         description="Drop rows already trained on in an earlier round's snapshot of the run, by id or by "
                     "(near-)duplicate content. Turn off when each round trains from the base model on everything.")
+    replay_share: float = Field(
+        default=0.5, ge=0.0, lt=1.0,
+        description="Share of a round's snapshot made of examples from the run's earlier snapshots (replay, so a "
+                    "round that adds a new suite does not forget what the earlier rounds taught): up to "
+                    "replay_share / (1 - replay_share) replayed examples per new one, chosen in the seeded mixing "
+                    "order (mix.seed) among the earlier snapshots' rows of the non-reuse sources, with their source "
+                    "weights. 0: no replay (each round trains on new rows only). Only with "
+                    "exclude_previous_snapshots, which would otherwise keep them all out.")
     reuse_sources: list[SourceName] = Field(
         default_factory=lambda: ["human"],
         description="Sources whose rows may appear again in later snapshots even when exclude_previous_snapshots "

@@ -7,7 +7,8 @@ instructions would make every pair alike), each LSH candidate confirmed by the e
 shingle sets (the estimate's noise never drops a row) and, by default, by equal defining constants of the user
 messages (the same problem). Shingle size and threshold are measured on a labelled set (benchmarks/decontam.py).
 Rows from earlier snapshots can be loaded as "prior": a candidate matching one is dropped with its own reason.
-Which copy survives is deterministic (DedupConfig.prefer, then round, sample index, id).
+Which copy survives is deterministic and independent of the run's id (DedupConfig.prefer, then round, sample index,
+example key: warehouse.record.example_key).
 This module reads no files and does not filter on quality.
 """
 
@@ -22,7 +23,7 @@ from datasketch import MinHash, MinHashLSH
 
 from curate.config import DedupConfig
 from curate.normalise import constants, grams, tokens
-from warehouse.record import Message, ToolCall, Trajectory
+from warehouse.record import Message, ToolCall, Trajectory, example_key
 
 DUP_EXACT = "dup_exact"
 DUP_NEAR = "dup_near"
@@ -102,9 +103,10 @@ def jaccard(a: set[bytes], b: set[bytes]) -> float:
 
 
 def preference_key(row: Trajectory, cfg: DedupConfig) -> tuple[int, int, int, str]:
-    """Survivor order within a duplicate group: preferred source, earlier round, lower sample index, smaller id."""
+    """Survivor order within a duplicate group: preferred source, earlier round, lower sample index, smaller example
+    key (run-independent, unlike the trajectory id)."""
     order = {s: i for i, s in enumerate(cfg.prefer)}
-    return (order.get(row.source, len(order)), row.round, row.sample_index, row.trajectory_id)
+    return (order.get(row.source, len(order)), row.round, row.sample_index, example_key(row))
 
 
 def dedup_rows(
@@ -126,7 +128,9 @@ def dedup_rows(
     exact_seen: dict[str, tuple[str, bool]] = {}  # hash -> (id, is_prior)
     # LSH finds candidates with a lower threshold (recall); each is confirmed by its exact Jaccard similarity.
     lsh = MinHashLSH(threshold=max(0.05, cfg.threshold - 0.15), num_perm=cfg.num_perm) if cfg.near else None
-    indexed: dict[str, tuple[set[bytes], bool, str, tuple]] = {}  # id -> (shingles, is_prior, task key, problem)
+    # example key -> (shingles, is_prior, task key, problem, trajectory id); LSH keys are example keys, so which
+    # near-duplicate a row is matched to (the best similarity, ties by key) does not depend on the run's id
+    indexed: dict[str, tuple[set[bytes], bool, str, tuple, str]] = {}
 
     def shingle_sets(rs: list[Trajectory]) -> list[set[bytes]]:
         return [shingles(row_text(r, include_system=cfg.include_system), cfg.shingle) for r in rs]
@@ -135,9 +139,10 @@ def dedup_rows(
     for p, sh, mh in zip(prior, prior_sets, minhashes(prior_sets, cfg) if cfg.near else [None] * len(prior)):
         if cfg.exact:
             exact_seen.setdefault(content_hash(p), (p.trajectory_id, True))
-        if lsh is not None and mh is not None and p.trajectory_id not in indexed:
-            lsh.insert(p.trajectory_id, mh)
-            indexed[p.trajectory_id] = (sh, True, f"{p.suite}/{p.task_id}", problem_key(p))
+        pk = example_key(p)
+        if lsh is not None and mh is not None and pk not in indexed:
+            lsh.insert(pk, mh)
+            indexed[pk] = (sh, True, f"{p.suite}/{p.task_id}", problem_key(p), p.trajectory_id)
 
     row_sets = shingle_sets(rows) if cfg.near else [set() for _ in rows]
     for r, sh, mh in zip(rows, row_sets, minhashes(row_sets, cfg) if cfg.near else [None] * len(rows)):
@@ -150,24 +155,25 @@ def dedup_rows(
                 continue
         task_key = f"{r.suite}/{r.task_id}"
         if lsh is not None and mh is not None:
-            best: tuple[float, str, bool] | None = None
+            best: tuple[float, str, bool, str] | None = None
             problem = problem_key(r) if cfg.same_problem else ()
             for key in lsh.query(mh):
-                other, is_prior, other_task, other_problem = indexed[key]
+                other, is_prior, other_task, other_problem, other_id = indexed[key]
                 if cfg.near_scope == "task" and other_task != task_key:
                     continue
                 if cfg.same_problem and other_problem != problem:
                     continue
                 j = jaccard(sh, other)
                 if j >= cfg.threshold and (best is None or (j, key) > (best[0], best[1])):
-                    best = (j, key, is_prior)
+                    best = (j, key, is_prior, other_id)
             if best is not None:
                 dropped[r.trajectory_id] = DUP_NEAR_EARLIER if best[2] else DUP_NEAR
-                dup_of[r.trajectory_id] = best[1]
+                dup_of[r.trajectory_id] = best[3]
                 continue
-            if r.trajectory_id not in indexed:
-                lsh.insert(r.trajectory_id, mh)
-                indexed[r.trajectory_id] = (sh, False, task_key, problem)
+            rk = example_key(r)
+            if rk not in indexed:
+                lsh.insert(rk, mh)
+                indexed[rk] = (sh, False, task_key, problem, r.trajectory_id)
         if cfg.exact:
             exact_seen[h] = (r.trajectory_id, False)
         kept.append(r)

@@ -9,8 +9,14 @@ evidence the file lacks: token ids, logprobs, tool timings). A record is an obje
   tools            OpenAI function schemas, a JSON string of them, or tool names known to tasks.tools
                    (optional when the importer is given default tools)
   task_id, suite, difficulty, split, author      optional provenance
-  expected_answer  optional: when present the final 'Answer: N' is checked numerically (verdict pass or fail);
-                   without it the demo is accepted as a pass and verifier_details_json says it was not checked.
+  expected_answer  optional: when present the demo is judged as an episode is (tasks.verify.verify: the numeric
+                   verifier on its final 'Answer: N', then forensics), so verdict pass, fail or hack;
+                   without it the demo is accepted unchecked (verifier_details_json says so) unless forensics
+                   flag it (verdict hack)
+  requires_tool    optional: the tool the demo's task requires (forensics' no_tool_use); default: what the tasks of
+                   the named built-in suite require (arithmetic, math-word: python), else none
+One judge for every row: a demo the judge would call a hack (a tool-free answer on a tool suite, an answer no tool
+call produced) is stored with verdict hack and its reason codes, and never enters SFT as a pass.
 Validation (curate.filters.conversation_problems) names the record: file, line (JSONL, 1-based) or row
 (Parquet/datasets, 0-based), and the field. Tool calls without ids answered by tool messages without
 tool_call_id are paired in order and given ids; a half-labelled pairing is an error.
@@ -28,12 +34,15 @@ from typing import Any
 
 from curate.dedup import normalised
 from curate.filters import conversation_problems, tool_names
-from tasks.answers import extract_answer, numbers_match
+from tasks.answers import extract_answer
+from tasks.forensics import hack_flags, inspect_episode
+from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from tasks.tools import TOOLS
+from tasks.verify import verify
 from warehouse.record import Message, Trajectory
 
 HUMAN_VERIFIER = "human"
-HUMAN_VERIFIER_VERSION = "1"
+HUMAN_VERIFIER_VERSION = "2"  # 2: judged by the episode verifier and forensics
 
 
 @dataclass(frozen=True)
@@ -277,17 +286,30 @@ def record_to_row(
     except (TypeError, ValueError):
         return None, [err("difficulty", f"{rec.get('difficulty')!r} is not an integer")]
     expected = rec.get("expected_answer")
+    row_suite = str(rec.get("suite") or suite)
+    requires = rec.get("requires_tool", _required_tool(row_suite))
+    if requires is not None and not isinstance(requires, str):
+        return None, [err("requires_tool", f"{requires!r} must be a tool name or null")]
+    task = Task(id=str(task_id), suite=row_suite, version="human", split=split, prompt=first_user,
+                tools=list(tool_names(tools)), reference=ReferenceSolution(final=""),
+                verifier=VerifierSpec(kind="numeric", answer=str(expected), requires_tool=requires)
+                if expected is not None else VerifierSpec(kind="llm_judge", requires_tool=requires))
     answer = extract_answer(messages)
     details: dict[str, Any] = {"origin": f"{file} {where}"}
     if "missing_evidence" in rec:  # ATIF: what the file does not carry (token ids, logprobs, tool timings)
         details["missing_evidence"] = rec["missing_evidence"]
+    strength: str | None = None
     if expected is not None:
-        ok = answer is not None and numbers_match(answer, str(expected), 1e-6)
-        verdict, verifier = ("pass" if ok else "fail"), "numeric"
-        details.update(verified=True, expected=str(expected), got=answer)
+        outcome = verify(task, messages)
+        verdict, verifier, flags, strength = outcome.verdict, outcome.verifier, outcome.hack_flags, \
+            outcome.verifier_strength
+        details.update(outcome.details, verified=True, expected=str(expected), got=answer)
     else:
-        verdict, verifier = "pass", HUMAN_VERIFIER
-        details.update(verified=False, note="human demonstration accepted as correct without a machine check")
+        findings = inspect_episode(task, messages)
+        flags = hack_flags(findings)
+        verdict, verifier = ("hack" if flags else "pass"), HUMAN_VERIFIER
+        details.update(verified=False, forensics=[f.model_dump() for f in findings],
+                       note="human demonstration accepted as correct without a machine check")
     tools_json = json.dumps(tools)  # as given: key order is part of the prompt a model is trained on
     key = json.dumps(["human", run_id, round, normalised(messages), json.dumps(tools, sort_keys=True)],
                      separators=(",", ":"))
@@ -295,15 +317,27 @@ def record_to_row(
     row = Trajectory(
         trajectory_id=hashlib.sha256(key.encode()).hexdigest()[:32],
         run_id=run_id, round=round, source="human", policy=f"human:{author}" if author else "human",
-        task_id=str(task_id), suite=str(rec.get("suite") or suite), split=split,
+        task_id=str(task_id), suite=row_suite, split=split,
         task_version=str(rec.get("task_version") or "human"), difficulty=difficulty,
-        verifier=verifier, verifier_version=HUMAN_VERIFIER_VERSION, messages=messages, tools_json=tools_json,
+        verifier=verifier, verifier_version=HUMAN_VERIFIER_VERSION, verifier_strength=strength,
+        messages=messages, tools_json=tools_json, hack_flags=flags,
         answer=answer, reward=1.0 if verdict == "pass" else 0.0, success=verdict == "pass", verdict=verdict,
         verifier_details_json=json.dumps(details, sort_keys=True),
         turns=sum(1 for m in messages if m.role == "assistant"),
         n_tool_calls=sum(len(m.tool_calls or []) for m in messages),
     )
     return row, []
+
+
+def _required_tool(suite: str) -> str | None:
+    """The tool the tasks of a built-in suite require (their verifier's requires_tool); None for other suites."""
+    from tasks.suites import UnknownSuiteError, load_suite
+
+    try:
+        found = load_suite(suite, 1)
+    except (UnknownSuiteError, ValueError, OSError):
+        return None
+    return found[0].verifier.requires_tool if found else None
 
 
 def load_demos(

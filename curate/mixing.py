@@ -2,8 +2,9 @@
 
 `mix` weights rows by source, applies per-task and per-suite caps, then difficulty shares, then source shares
 (each share met by the largest selection that needs no repeated row) and the size cap. Every choice among rows
-follows one order: the hash of (seed, trajectory id), so the same rows and config give the same snapshot in any
-process and any input order. `write_snapshot` writes the manifest (one row per example with its provenance and
+follows one order: the hash of (seed, example key), where the example key (warehouse.record.example_key) is a
+row's run-independent identity, so the same rows and config give the same snapshot in any process, any input order
+and any run of the same config and seed. `manifest_hash` is that snapshot's fingerprint across runs. `write_snapshot` writes the manifest (one row per example with its provenance and
 weight) and one datasets-table row carrying the config hash; `read_snapshot` gives a snapshot's rows back with
 their weights (what SFT trains on). This module does not filter or de-duplicate.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curate.config import MixConfig
-from warehouse.record import Trajectory
+from warehouse.record import Trajectory, example_key
 
 # Reasons a kept row is left out of the snapshot.
 UNWEIGHTED = "source_unweighted"
@@ -38,8 +39,9 @@ class MixResult:
     left_out: dict[str, str] = field(default_factory=dict)
 
 
-def order_key(seed: int, trajectory_id: str) -> str:
-    return hashlib.sha256(f"{seed}:{trajectory_id}".encode()).hexdigest()
+def order_key(seed: int, key: str) -> str:
+    """The mixing order of a row: the hash of the seed and its example key."""
+    return hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()
 
 
 def _cap(rows: list[Trajectory], key: Callable[[Trajectory], Hashable], cap: int | None, reason: str,
@@ -91,7 +93,7 @@ def _share(rows: list[Trajectory], key: Callable[[Trajectory], Any], shares: dic
 def mix(rows: Iterable[Trajectory], cfg: MixConfig) -> MixResult:
     """Choose and weight the snapshot's rows (see the module docstring for the order of the steps)."""
     res = MixResult()
-    ordered = sorted(rows, key=lambda r: order_key(cfg.seed, r.trajectory_id))
+    ordered = sorted(rows, key=lambda r: order_key(cfg.seed, example_key(r)))
     weighted = []
     for r in ordered:
         if cfg.source_weights.get(r.source, 0.0) > 0:
@@ -109,7 +111,7 @@ def mix(rows: Iterable[Trajectory], cfg: MixConfig) -> MixResult:
         for r in rows_[cfg.max_examples :]:
             res.left_out[r.trajectory_id] = MAX_EXAMPLES
         rows_ = rows_[: cfg.max_examples]
-    rows_.sort(key=lambda r: (r.source, r.suite, r.task_id, r.round, r.trajectory_id))
+    rows_.sort(key=lambda r: (r.source, r.suite, r.task_id, r.round, example_key(r)))
     res.selected = [(r, float(cfg.source_weights[r.source])) for r in rows_]
     return res
 
@@ -123,9 +125,17 @@ def snapshot_id(run_id: str, round: int, cfg_hash: str, trajectory_ids: Iterable
 def manifest_rows(selected: list[tuple[Trajectory, float]]) -> list[dict[str, Any]]:
     return [
         {"trajectory_id": r.trajectory_id, "source": r.source, "run_id": r.run_id, "round": r.round,
-         "task_id": r.task_id, "suite": r.suite, "policy": r.policy, "weight": w}
+         "task_id": r.task_id, "suite": r.suite, "policy": r.policy, "weight": w, "example_key": example_key(r)}
         for r, w in selected
     ]
+
+
+def manifest_hash(selected: list[tuple[Trajectory, float]]) -> str:
+    """A snapshot's fingerprint across runs: sha256 (16 hex) of its examples' keys (warehouse.record.example_key)
+    and weights, in manifest order. Two runs of one config and seed that made the same snapshot have the same hash,
+    though their trajectory ids differ (those hold the run id)."""
+    blob = json.dumps([[example_key(r), w] for r, w in selected], separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def write_snapshot(
@@ -143,6 +153,7 @@ def write_snapshot(
     path = write_manifest(root, sid, manifest_rows(selected))
     write_rows(root, "datasets", [{
         "snapshot_id": sid, "run_id": run_id, "round": round, "config_hash": cfg_hash, "config_json": config_json,
+        "manifest_hash": manifest_hash(selected),
         "n_rows": len(selected), "counts_json": json.dumps(counts, sort_keys=True), "manifest_path": path,
         "parent_snapshot_id": parent_snapshot_id,
     }])

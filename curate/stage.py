@@ -11,7 +11,9 @@
   4. applies the quality filters (held-out split, verdict, hack flags, tool-call validity, size limits),
   5. decontaminates against the held-out tasks,
   6. removes exact and near-duplicates, within the candidates and against earlier snapshots' rows,
-  7. mixes (source weights, caps, shares) and writes the manifest and the datasets row.
+  7. mixes (source weights, caps, shares), adds the replay share of earlier snapshots' rows (replay_share, so a
+     later round does not forget what earlier ones taught; outcome "replayed") and writes the manifest and the
+     datasets row (with the manifest hash: the snapshot's run-independent fingerprint).
 Every candidate ends with exactly one outcome ("selected" or a drop reason); the result carries the counts by
 source, verdict and outcome as plain data, plus each row's outcome. This module does not train or roll out.
 """
@@ -31,11 +33,12 @@ from curate.dedup import dedup_rows
 from curate.demos import import_demos
 from curate.filters import filter_rows
 from curate.health import UNAUDITED, UNHEALTHY_VERIFIER, task_health
-from curate.mixing import mix, write_snapshot
+from curate.mixing import manifest_hash, mix, order_key, write_snapshot
 from tasks.spec import Task
-from warehouse.record import Trajectory, from_dict
+from warehouse.record import Trajectory, example_key, from_dict
 
 SELECTED = "selected"
+REPLAYED = "replayed"
 IN_EARLIER_SNAPSHOT = "in_earlier_snapshot"
 INVALID_DEMO = "invalid_demo"
 
@@ -55,6 +58,9 @@ class CurateResult(BaseModel):
     round: int
     config_hash: str
     manifest_path: str
+    manifest_hash: str = Field(default="", description="curate.mixing.manifest_hash: equal for the same snapshot in "
+                               "two runs of one config and seed.")
+    n_replayed: int = Field(default=0, description="Examples replayed from the run's earlier snapshots.")
     parent_snapshot_id: str | None = Field(description="The run's latest snapshot of an earlier round, if any.")
     n_candidates: int
     n_selected: int
@@ -161,15 +167,23 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
     outcomes.update(mixed.left_out)
     for r, _w in mixed.selected:
         outcomes[r.trajectory_id] = SELECTED
+    replayed = replay_rows(prior, len(mixed.selected), cfg) if cfg.exclude_previous_snapshots else []
+    for r, _w in replayed:
+        outcomes[r.trajectory_id] = REPLAYED
+    if replayed:
+        mixed.selected = sorted(mixed.selected + replayed,
+                                key=lambda rw: (rw[0].source, rw[0].suite, rw[0].task_id, rw[0].round,
+                                                example_key(rw[0])))
     assert len(outcomes) == len(candidates), "every candidate must end with exactly one outcome"
 
     by = Counter((r.source, r.verdict, outcomes[r.trajectory_id]) for r in candidates)
+    mhash = manifest_hash(mixed.selected)
     if n_invalid_demos:
         by[("human", "n/a", INVALID_DEMO)] += n_invalid_demos
     counts = [CountRow(source=s, verdict=v, outcome=o, n=n) for (s, v, o), n in sorted(by.items())]
     selected_by_source = dict(sorted(Counter(r.source for r, _ in mixed.selected).items()))
     selected_by_suite = dict(sorted(Counter(r.suite for r, _ in mixed.selected).items()))
-    dropped_by_reason = dict(sorted(Counter(o for o in outcomes.values() if o != SELECTED).items()))
+    dropped_by_reason = dict(sorted(Counter(o for o in outcomes.values() if o not in (SELECTED, REPLAYED)).items()))
     if n_invalid_demos:
         dropped_by_reason[INVALID_DEMO] = n_invalid_demos
 
@@ -181,15 +195,30 @@ def curate(root: str, cfg: CurateConfig, *, run_id: str, round: int, heldout_tas
         "heldout_tasks": len(heldout_tasks), "heldout_ids_sha256": heldout_digest,
         "contamination": contamination, "invalid_demos": demo_errors,
         "skipped_tasks": dict(sorted(skipped_tasks.items())), "unaudited_tasks": len(unaudited),
+        "replayed": len(replayed),
     }
     parent_id = parent[0][0] if parent else None
     sid, path = write_snapshot(root, run_id=run_id, round=round, selected=mixed.selected, cfg_hash=cfg_hash,
                                config_json=cfg.model_dump_json(), counts=counts_json, parent_snapshot_id=parent_id)
     return CurateResult(
         snapshot_id=sid, run_id=run_id, round=round, config_hash=cfg_hash, manifest_path=path,
+        manifest_hash=mhash, n_replayed=len(replayed),
         parent_snapshot_id=parent_id, n_candidates=len(candidates), n_selected=len(mixed.selected),
         selected_by_source=selected_by_source, selected_by_suite=selected_by_suite,
         dropped_by_reason=dropped_by_reason, counts=counts, outcomes=outcomes, duplicate_of=duplicate_of,
         contaminated_by=contaminated_by, contamination=contamination, demos_written=demos_written,
         demo_errors=demo_errors, skipped_tasks=dict(sorted(skipped_tasks.items())), unaudited_tasks=len(unaudited),
     )
+
+
+def replay_rows(prior: list[Trajectory], n_new: int, cfg: CurateConfig) -> list[tuple[Trajectory, float]]:
+    """The earlier snapshots' rows that rejoin this one: up to replay_share / (1 - replay_share) per new example,
+    the first in the seeded mixing order (curate.mixing.order_key over example keys), each with its source weight;
+    rows of sources without a weight are never replayed."""
+    share = cfg.replay_share
+    if share <= 0 or n_new <= 0:
+        return []
+    pool = sorted({example_key(p): p for p in prior if cfg.mix.source_weights.get(p.source, 0.0) > 0}.items(),
+                  key=lambda kv: order_key(cfg.mix.seed, kv[0]))
+    n = min(len(pool), int(share / (1 - share) * n_new + 1e-9))
+    return [(p, float(cfg.mix.source_weights[p.source])) for _k, p in pool[:n]]

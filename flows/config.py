@@ -38,12 +38,10 @@ from training.config import (
 
 
 def _shipped_demos() -> list[str]:
-    """The human demonstrations shipped with the project (a source checkout), if present: the tool-using ones and
-    the ones that answer from memory without the tool (data/demos/arithmetic_from_memory.jsonl,
-    scripts/memory_demos.py), which leave GRPO its job in the offline default (flywheel.grpo, sft.late_sources)."""
-    folder = Path(__file__).resolve().parent.parent / "data" / "demos"
-    return [str(p) for p in (folder / "arithmetic_demos.jsonl", folder / "arithmetic_from_memory.jsonl")
-            if p.is_file()]
+    """The human demonstrations shipped with the project (a source checkout), if present: eight tool-using
+    arithmetic demos, judged on import like every episode (curate/demos.py)."""
+    path = Path(__file__).resolve().parent.parent / "data" / "demos" / "arithmetic_demos.jsonl"
+    return [str(path)] if path.is_file() else []
 
 
 # The offline teacher makes mistakes and cheats now and then, so that verification and curation have work.
@@ -237,18 +235,18 @@ class FlywheelSection(BaseModel):
                                                                     "the student's own rollouts.")
     later_sft_steps: int | None = Field(default=400, description="SFT steps in rounds after the first (the student "
                                                                  "continues from the previous one); None: sft.max_steps.")
+    sft_from: Literal["incumbent", "base"] = Field(
+        default="incumbent", description="What each round's SFT starts from: 'incumbent' (the student the round "
+        "started from; rounds after the first run later_sft_steps, and curate.replay_share keeps earlier rounds' "
+        "data in play) or 'base' (the base student every round, sft.max_steps on the round's snapshot: pair it with "
+        "curate.exclude_previous_snapshots=false so that the snapshot is the cumulative curated data).")
     pass_k: int = Field(default=4, ge=1, description="k of the held-out pass@k (k sampled episodes per task); "
                                                      "1 skips the sampled evaluation.")
     sample_temperature: float = Field(default=0.8, gt=0, description="Temperature of sampled student episodes.")
     grpo: bool = Field(default=True, description="Run GRPO after SFT in each round (`--set flywheel.grpo=false` "
-                       "for SFT alone). RL's job in the offline default: the shipped from-memory human demos "
-                       "(curate.demo_paths) train only in SFT's last 150 steps (sft.late_sources), so the SFT student "
-                       "keeps copying the tool's result greedily but skips the tool in some sampled episodes, which the "
-                       "judge scores as hacks (no_tool_use, reward 0) and GRPO's groups can tell apart. Measured in "
-                       "whole runs (see the README): held-out sampled pass@1 SFT -> GRPO +0.14..+0.19 in round 1 (5 "
-                       "runs, sd 0.017) and +0.22..+0.28 in round 2 (3 runs), each +- 0.03, greedy never lower. "
-                       "Without the late phase the demos either left no room (2,000 steps: 497 of 512 GRPO "
-                       "episodes passed, GRPO = SFT = 0.890) or stalled SFT (600 steps: 0.33 greedy in one run).")
+                       "for SFT alone), with the SFT-only control scoring both checkpoints (flywheel.promote). Its "
+                       "gain in the offline default is reported per round in the rounds table and the report "
+                       "(subject promotion), whatever it is, zero included.")
     teacher_ahead: bool = Field(default=True, description="Roll the teacher out on the suites joining round r+1 "
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
@@ -265,6 +263,13 @@ class FlywheelSection(BaseModel):
                                   "with 3 sampling seeds on the default held-out split, 100 tasks x 4 samples at "
                                   "T=0.8): per-score seed sd 0.023 (binomial se 0.024), so a difference of two "
                                   "scores has sd 0.033.")
+    incumbent_z: float = Field(default=2.0, ge=0, description="Promotion against the incumbent (the student the "
+                               "round started from; the base in round 1; training/promotion.py): the round's "
+                               "candidate replaces it only when it is not below the incumbent on any held-out suite "
+                               "by more than this many standard errors of the difference of two binomial scores "
+                               "(greedy pass@1, and sampled pass@1 where both were measured), and better on the whole "
+                               "held-out set (greedy pass@1 higher, or equal with sampled pass@1 higher); otherwise "
+                               "the next round starts from the incumbent. In standard errors, not an absolute margin.")
     promote_greedy_margin: float = Field(default=0.0, ge=0, le=1, description="'grpo_unless_worse' also refuses "
                                          "GRPO's checkpoint when its held-out greedy pass@1 is below SFT's by more "
                                          "than this (absolute; 0: any drop). Default 0, measured: a make run "
@@ -334,8 +339,7 @@ class FlywheelConfig(BaseModel):
                                  description="Filters, dedup, decontamination, mix; the offline default mixes in "
                                              "the human demos shipped in data/demos/.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Task choice per round.")
-    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=2000, learning_rate=5e-3, weight_decay=0.3,
-                                                             late_sources=["human"]),
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(max_steps=2000, learning_rate=5e-3, weight_decay=0.3),
                            description="Supervised fine-tuning (TRL SFTTrainer); the offline default is the measured "
                                        "recipe that takes the tiny student (after its copy warm-up, "
                                        "student.tiny.copy_warmup_steps) to 100% on held-out arithmetic in every "

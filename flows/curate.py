@@ -29,11 +29,13 @@ def stage_curate(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]
     m = partial(metric, run_id, round, "curate", "snapshot", "train", "all")
     metrics = [m(f"mix:{src}", n) for src, n in sorted(res.selected_by_source.items())]
     metrics += [m(f"drop:{why}", n) for why, n in sorted(res.dropped_by_reason.items())]
+    metrics += [m("replayed", res.n_replayed), m(f"manifest_hash:{res.manifest_hash}", 1.0)]
     metrics.append(metric(run_id, round, "curate", "stage", "-", "all", "wall_s", timer.s))
     write_rows(cfg.run.out, "rounds", metrics)
     create_table_artifact(key=f"curate-r{round}", table=res.table(),
                           description=f"snapshot {res.snapshot_id}: {res.n_selected} of {res.n_candidates} rows")
-    return {"snapshot_id": res.snapshot_id, "n_selected": res.n_selected,
+    return {"snapshot_id": res.snapshot_id, "n_selected": res.n_selected, "manifest_hash": res.manifest_hash,
+            "replayed": res.n_replayed,
             "selected_by_source": res.selected_by_source, "dropped_by_reason": res.dropped_by_reason,
             "wall_s": timer.s}
 

@@ -2,8 +2,9 @@
 the flywheel's rounds (`stage_baseline` in round 0, `stage_control` and `stage_student` after each round's
 training).
 
-In a round with GRPO, `stage_control` scores the SFT and the GRPO checkpoint alike and applies the promotion rule
-(training.evaluate.choose_promotion, `[flywheel] promote`). Wiring only: a model runs as a TransformersPolicy
+`stage_control` scores the round's checkpoints (SFT's, and GRPO's when it ran), picks the candidate between them
+(training.promotion.choose_promotion, `[flywheel] promote`) and holds it against the incumbent
+(training.promotion.against_incumbent, `[flywheel] incumbent_z`). Wiring only: a model runs as a TransformersPolicy
 through the one rollout-to-lake path (flows/rollouts.py: slots, sandboxes, [rollout] knobs, rows in the lake), and
 the one scorer (warehouse/score.py, through flows.stages.score_rows) puts pass@1 and pass@k per suite into the
 rounds table. Every task here retries only on transient infrastructure errors (`ENDPOINT_RETRIES`); a retry
@@ -73,50 +74,98 @@ def heldout_scores(cfg: FlywheelConfig, path: str, name: str, *, run_id: str, ro
     return metrics
 
 
-@task(name="sft-vs-grpo", **ENDPOINT_RETRIES)
-def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, Any], grpo: dict[str, Any]
-                  ) -> dict[str, Any]:
-    """The SFT-only control of a round with GRPO: both checkpoints scored on the held-out split (greedy pass@1,
-    sampled pass@1 over flywheel.pass_k samples, pass@k), then flywheel.promote picks the one that goes on
-    (training.evaluate.choose_promotion). The scores (subjects sft, grpo), the gain, its standard error and the
-    choice land in the rounds table; the reason is logged and returned (the ledger keeps it)."""
+def incumbent_metrics(cfg: FlywheelConfig, run_id: str, incumbent: dict[str, Any]) -> list[dict[str, Any]]:
+    """The incumbent's held-out score rows (stage, split, suite, metric, value) from the rounds table: those of the
+    round and subject it was scored as (`scored_round`, `scored_subject`: round 0's base, or an earlier round's
+    student), the latest row of each metric."""
+    from warehouse.query import query
+
+    return query(cfg.run.out, """
+        SELECT stage, split, suite, metric, arg_max(value, created_at) AS value FROM rounds
+        WHERE run_id = ? AND CAST(round AS INTEGER) = ? AND subject = ? AND split = 'heldout'
+        GROUP BY ALL ORDER BY suite, metric""",
+                 [run_id, int(incumbent.get("scored_round", 0)), incumbent.get("scored_subject", "base")]).to_pylist()
+
+
+@task(name="promotion", **ENDPOINT_RETRIES)
+def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, Any], grpo: dict[str, Any] | None,
+                  incumbent: dict[str, Any]) -> dict[str, Any]:
+    """The round's promotion. Scores the round's checkpoints on the held-out split (greedy pass@1; sampled pass@1
+    over flywheel.pass_k samples and pass@k when GRPO ran or pass_k > 1). With GRPO, the SFT-only control:
+    flywheel.promote picks the candidate between SFT's and GRPO's checkpoints (training.promotion.choose_promotion;
+    the gain, its standard error and the choice land in the rounds table). Then the candidate is held against the
+    incumbent (`incumbent`: the student the round started from, with `scored_round` / `scored_subject` naming its
+    held-out scores in the rounds table) by training.promotion.against_incumbent: the decision, its reason code and
+    the per-suite deltas with their standard errors land in the rounds table (subject 'promotion', metrics
+    incumbent_*), the reason in the log and the returned record (the ledger keeps it). Returns the checkpoint that
+    goes on (`promoted`: 'sft', 'grpo' or 'incumbent') with its held-out metrics."""
     from prefect import get_run_logger
 
-    from training.evaluate import choose_promotion
+    from training.promotion import HeldoutScores, against_incumbent, choose_promotion
     from warehouse.lake import write_rows
 
     timer = StageTimer()
     fw = cfg.flywheel
+    logger = get_run_logger()
     metrics: list[dict[str, Any]] = []
+    sampled = grpo is not None or fw.pass_k > 1
+    candidates = [("sft", sft)] + ([("grpo", grpo)] if grpo is not None else [])
     with rollout_backend(cfg, []) as backend:
-        for subject, ck in (("sft", sft), ("grpo", grpo)):
+        for subject, ck in candidates:
             metrics += heldout_scores(cfg, ck["path"], f"student-r{round}-{subject}", run_id=run_id, round=round,
-                                      subject=subject, backend=backend, sampled=True)
+                                      subject=subject, backend=backend, sampled=sampled)
 
     def value(subject: str, name: str) -> float:
         return next(m["value"] for m in metrics if m["subject"] == subject and m["suite"] == "all"
                     and m["metric"] == name)
 
-    p = choose_promotion(fw.promote, fw.promote_margin, sft_greedy=value("sft", "pass@1"),
-                         grpo_greedy=value("grpo", "pass@1"), sft_sampled=value("sft", "sampled_pass@1"),
-                         grpo_sampled=value("grpo", "sampled_pass@1"), sft_n=int(value("sft", "sampled_episodes")),
-                         grpo_n=int(value("grpo", "sampled_episodes")), greedy_margin=fw.promote_greedy_margin)
-    get_run_logger().info("round %d promotes %s (%s): %s", round, p.choice, p.code, p.reason)
+    def m(name: str, v: float, suite: str = "all") -> dict[str, Any]:
+        return metric(run_id, round, "promote", "promotion", "heldout", suite, name, v)
 
-    def m(name: str, v: float) -> dict[str, Any]:
-        return metric(run_id, round, "promote", "promotion", "heldout", "all", name, v)
-
-    rows = [m("grpo_gain_sampled_pass@1", p.gain_sampled), m("grpo_gain_sampled_se", p.gain_sampled_se),
-            m("grpo_gain_pass@1", p.gain_greedy), m("promoted_grpo", float(p.choice == "grpo")),
-            m("promote_margin", fw.promote_margin), m("promote_greedy_margin", fw.promote_greedy_margin),
-            m(f"reason:{p.code}", 1.0),
-            metric(run_id, round, "control", "stage", "-", "all", "wall_s", timer.s)]
+    rows: list[dict[str, Any]] = []
+    choice, out = "sft", {}
+    if grpo is not None:
+        p = choose_promotion(fw.promote, fw.promote_margin, sft_greedy=value("sft", "pass@1"),
+                             grpo_greedy=value("grpo", "pass@1"), sft_sampled=value("sft", "sampled_pass@1"),
+                             grpo_sampled=value("grpo", "sampled_pass@1"),
+                             sft_n=int(value("sft", "sampled_episodes")),
+                             grpo_n=int(value("grpo", "sampled_episodes")), greedy_margin=fw.promote_greedy_margin)
+        logger.info("round %d candidate %s (%s): %s", round, p.choice, p.code, p.reason)
+        choice, out = p.choice, {"code": p.code, "reason": p.reason}
+        rows += [m("grpo_gain_sampled_pass@1", p.gain_sampled), m("grpo_gain_sampled_se", p.gain_sampled_se),
+                 m("grpo_gain_pass@1", p.gain_greedy), m("promoted_grpo", float(p.choice == "grpo")),
+                 m("promote_margin", fw.promote_margin), m("promote_greedy_margin", fw.promote_greedy_margin),
+                 m(f"reason:{p.code}", 1.0)]
+    chosen = grpo if choice == "grpo" else sft
+    cand_rows = [r for r in metrics if r["subject"] == choice]
+    inc_rows = incumbent_metrics(cfg, run_id, incumbent)
+    d = against_incumbent(HeldoutScores.from_metrics(cand_rows), HeldoutScores.from_metrics(inc_rows),
+                          z=fw.incumbent_z)
+    (logger.info if d.promoted else logger.warning)(
+        "round %d %s: %s's checkpoint %s %s the incumbent %s: %s", round, d.code, choice, chosen["checkpoint_id"],
+        "replaces" if d.promoted else "does NOT replace", incumbent.get("checkpoint_id"), d.reason)
+    rows += [m("incumbent_promoted", float(d.promoted)), m("incumbent_z", fw.incumbent_z),
+             m(f"incumbent_reason:{d.code}", 1.0)]
+    for delta in d.deltas:
+        rows += [m("incumbent_delta_pass@1", delta.greedy_delta, delta.suite),
+                 m("incumbent_delta_se", delta.greedy_se, delta.suite),
+                 m("incumbent_worse", float(delta.worse), delta.suite)]
+        if delta.sampled_delta is not None:
+            rows += [m("incumbent_delta_sampled_pass@1", delta.sampled_delta, delta.suite),
+                     m("incumbent_delta_sampled_se", delta.sampled_se or 0.0, delta.suite)]
+    rows.append(metric(run_id, round, "control", "stage", "-", "all", "wall_s", timer.s))
     write_rows(cfg.run.out, "rounds", metrics + rows)
-    chosen = grpo if p.choice == "grpo" else sft
-    return {"promoted": p.choice, "code": p.code, "reason": p.reason, "checkpoint_id": chosen["checkpoint_id"],
-            "path": chosen["path"], "wall_s": timer.s,
-            "student_metrics": [{k: r[k] for k in ("stage", "split", "suite", "metric", "value")}
-                                for r in metrics if r["subject"] == p.choice]}
+    keys = ("stage", "split", "suite", "metric", "value")
+    if d.promoted:
+        goes_on, promoted, scored = chosen, choice, [{k: r[k] for k in keys} for r in cand_rows]
+    else:
+        goes_on, promoted, scored = incumbent, "incumbent", [{k: r[k] for k in keys} for r in inc_rows]
+    return {"promoted": promoted, "candidate": choice, "candidate_checkpoint_id": chosen["checkpoint_id"],
+            "code": out.get("code", "sft_only"), "reason": out.get("reason", "no GRPO checkpoint: SFT's is the "
+                                                                           "candidate"),
+            "incumbent_code": d.code, "incumbent_reason": d.reason,
+            "deltas": [x.model_dump() for x in d.deltas], "checkpoint_id": goes_on.get("checkpoint_id"),
+            "path": goes_on["path"], "wall_s": timer.s, "student_metrics": scored}
 
 
 @task(name="student-rollouts", **ENDPOINT_RETRIES)

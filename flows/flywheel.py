@@ -3,11 +3,13 @@
 Round 0 builds (or names) the base student, imports human demos and scores the base and the teacher on the
 held-out split. Round r (1..N): the teacher rolls out on the curriculum's train tasks; curation mixes teacher
 rows, demos and the earlier student's successes into snapshot r; SFT from the previous student (or the base),
-then GRPO on the tasks that still give signal; in a round with GRPO, the SFT-only control scores the SFT and the
-GRPO checkpoint on the held-out split and `[flywheel] promote` picks the one that goes on (the choice and its
-reason logged, in the rounds table and the ledger); the new student is scored on the held-out split of every
-suite of the schedule (the control's scores, when it ran) and rolls out on the train tasks (its successes enter
-round r+1 as source student); the mismatch panel compares those rollouts' logprobs with the trainer's
+then GRPO on the tasks that still give signal; the promotion stage scores the round's checkpoints on the
+held-out split, `[flywheel] promote` picks the candidate between SFT's and GRPO's (the SFT-only control), and the
+candidate replaces the incumbent (the student the round started from; the base in round 1) only when it is not
+worse on any held-out suite beyond the noise and better on the whole set (`[flywheel] incumbent_z`,
+training/promotion.py); otherwise the next round starts from the incumbent (the decision, per-suite deltas and a
+reason code logged, in the rounds table and the ledger). The student that goes on is recorded with its held-out
+scores as the round's student and rolls out on the train tasks (its successes enter round r+1 as source student); the mismatch panel compares those rollouts' logprobs with the trainer's
 (flows/train.py `stage_mismatch`) and a crossed `[mismatch]` threshold keeps the previous student for round r+1
 (a warning names it); metrics land in the rounds table and the report is rebuilt. The teacher's
 rollouts on the suites that join round r+1 need no student, so they run in a low-priority child process while
@@ -124,7 +126,7 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
 
     base = _stage(ledger, 0, "base", partial(stage_base, cfg=cfg, run_id=run_id))
     _stage(ledger, 0, "baseline", partial(stage_baseline, cfg=cfg, run_id=run_id, base_path=base["path"]))
-    student = base
+    student = {**base, "scored_round": 0, "scored_subject": "base"}  # the incumbent of round 1
     for r in range(1, cfg.flywheel.rounds + 1):
         _stage(ledger, r, "teacher", partial(stage_teacher, cfg=cfg, run_id=run_id, round=r))
         snap = _stage(ledger, r, "curate", partial(stage_curate, cfg=cfg, run_id=run_id, round=r))
@@ -137,22 +139,25 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
             ahead = pool.submit(teacher_ahead_process, cfg_json=cfg.model_dump_json(), run_id=run_id, round=r + 1)
             pool.shutdown(wait=False)
         try:
-            promoted = student
-            sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=student,
+            incumbent = student
+            parent = incumbent if cfg.flywheel.sft_from == "incumbent" else base
+            sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=parent,
                                                    snapshot_id=snap["snapshot_id"]))
-            student, scored = sft, None
+            grpo = None
             if cfg.flywheel.grpo:
                 grpo = _stage(ledger, r, "grpo", partial(stage_grpo, cfg=cfg, run_id=run_id, round=r, parent=sft))
                 if "skipped" in grpo:
-                    logger.info("round %d GRPO skipped (%s): SFT's checkpoint goes on", r, grpo["skipped"])
-                else:
-                    ctrl = _stage(ledger, r, "control", partial(stage_control, cfg=cfg, run_id=run_id, round=r,
-                                                                sft=sft, grpo=grpo))
-                    logger.info("round %d promotes %s: %s", r, ctrl["promoted"], ctrl["reason"])
-                    student, scored = (grpo if ctrl["promoted"] == "grpo" else sft), ctrl["student_metrics"]
-            _stage(ledger, r, "student", partial(stage_student, cfg=cfg, run_id=run_id, round=r, student=student,
-                                                 scored=scored))
-            student = _promote(ledger, cfg, run_id, r, student, promoted)
+                    logger.info("round %d GRPO skipped (%s): SFT's checkpoint is the candidate", r, grpo["skipped"])
+                    grpo = None
+            ctrl = _stage(ledger, r, "control", partial(stage_control, cfg=cfg, run_id=run_id, round=r, sft=sft,
+                                                        grpo=grpo, incumbent=incumbent))
+            logger.info("round %d: %s goes on (%s; %s)", r, ctrl["promoted"], ctrl["incumbent_code"],
+                        ctrl["incumbent_reason"])
+            goes_on = incumbent if ctrl["promoted"] == "incumbent" else (grpo if ctrl["promoted"] == "grpo" else sft)
+            goes_on = {**goes_on, "scored_round": r, "scored_subject": "student"}
+            _stage(ledger, r, "student", partial(stage_student, cfg=cfg, run_id=run_id, round=r, student=goes_on,
+                                                 scored=ctrl["student_metrics"]))
+            student = _promote(ledger, cfg, run_id, r, goes_on, incumbent)
         finally:
             if ahead is not None:
                 try:  # its rows are durable as they land; whatever it missed, round r+1's teacher stage runs

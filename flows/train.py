@@ -59,7 +59,7 @@ def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
 def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, Any], snapshot_id: str
               ) -> dict[str, Any]:
     """SFT of `parent` (path, checkpoint_id) on snapshot `snapshot_id`; rounds after the first use
-    flywheel.later_sft_steps."""
+    flywheel.later_sft_steps when they continue from the incumbent (flywheel.sft_from)."""
     from training.registry import model_dir, register_checkpoint
     from training.sft import train_sft
     from warehouse.lake import write_rows
@@ -68,7 +68,7 @@ def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, An
     out = model_dir(root, f"{run_id}-r{round}-sft")
     shutil.rmtree(out, ignore_errors=True)  # an interrupted earlier attempt starts over
     sft_cfg = cfg.sft
-    if round > 1 and cfg.flywheel.later_sft_steps:
+    if round > 1 and cfg.flywheel.later_sft_steps and cfg.flywheel.sft_from == "incumbent":
         sft_cfg = sft_cfg.model_copy(update={"max_steps": cfg.flywheel.later_sft_steps})
     with gpu_slot(cfg.limits):
         res = train_sft(parent["path"], None, out, sft_cfg, snapshot_id=snapshot_id, root=root)

@@ -3,8 +3,7 @@
 `evaluate` is what "the student scores X% on the held-out split" means everywhere (flows, tests, benchmarks):
 each task runs as a real episode (tool calls in sandboxes, verifier + forensics), rows come back as Trajectory
 records (source student) that the caller may write to the lake. Greedy decoding by default, so a score is
-reproducible. `choose_promotion` is the rule that picks, in a round with GRPO, the SFT or the GRPO checkpoint
-from their held-out scores. This module does not write rows or register anything.
+reproducible. This module does not write rows or register anything (the promotion rules: training/promotion.py).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -70,47 +69,3 @@ def evaluate(model: str | Path | Any, tasks: list[Task], backend: Backend, *, ru
                         concurrency=concurrency, on_rows=rows.extend, batch_size=max(1, len(tasks) * samples),
                         max_turns=max_turns, progress=progress))
     return summarize(rows, time.perf_counter() - t0)
-
-
-PromoteRule = Literal["grpo_unless_worse", "grpo", "sft"]
-
-
-class Promotion(BaseModel):
-    """Which checkpoint of a round goes on, and why."""
-
-    choice: Literal["sft", "grpo"]
-    code: str = Field(description="Reason code: grpo_not_worse, grpo_worse_than_margin, grpo_greedy_lower, "
-                      "rule_grpo, rule_sft.")
-    reason: str = Field(description="The reason in words, with the numbers.")
-    gain_sampled: float = Field(description="GRPO's held-out sampled pass@1 minus SFT's.")
-    gain_sampled_se: float = Field(description="Standard error of that difference (two binomial proportions).")
-    gain_greedy: float = Field(description="GRPO's held-out greedy pass@1 minus SFT's.")
-
-
-def choose_promotion(rule: PromoteRule, margin: float, *, sft_greedy: float, grpo_greedy: float,
-                     sft_sampled: float, grpo_sampled: float, sft_n: int, grpo_n: int,
-                     greedy_margin: float = 0.0) -> Promotion:
-    """The promotion rule: 'grpo_unless_worse' keeps GRPO's checkpoint unless its held-out sampled pass@1 is below
-    SFT's by more than `margin`, or its greedy pass@1 is below SFT's by more than `greedy_margin` (0: any drop);
-    'grpo' / 'sft' always pick that one. sft_n / grpo_n: the sampled episodes scored (for the standard error of the
-    gain, reported beside it)."""
-    gain = grpo_sampled - sft_sampled
-    se = (sft_sampled * (1 - sft_sampled) / max(1, sft_n) + grpo_sampled * (1 - grpo_sampled) / max(1, grpo_n)) ** 0.5
-    nums = (f"held-out sampled pass@1 GRPO {grpo_sampled:.3f} vs SFT {sft_sampled:.3f} (gain {gain:+.3f} "
-            f"+- {se:.3f}), greedy GRPO {grpo_greedy:.3f} vs SFT {sft_greedy:.3f}")
-    common = {"gain_sampled": gain, "gain_sampled_se": se, "gain_greedy": grpo_greedy - sft_greedy}
-    if rule == "grpo":
-        return Promotion(choice="grpo", code="rule_grpo", reason=f"flywheel.promote = 'grpo': GRPO's; {nums}",
-                         **common)
-    if rule == "sft":
-        return Promotion(choice="sft", code="rule_sft", reason=f"flywheel.promote = 'sft': SFT's; {nums}", **common)
-    if gain < -margin:
-        return Promotion(choice="sft", code="grpo_worse_than_margin",
-                         reason=f"SFT's: GRPO is worse by more than the margin {margin:g}; {nums}", **common)
-    if grpo_greedy < sft_greedy - greedy_margin - 1e-9:
-        return Promotion(choice="sft", code="grpo_greedy_lower",
-                         reason=f"SFT's: GRPO's greedy pass@1 is below SFT's by more than the greedy margin "
-                                f"{greedy_margin:g}; {nums}", **common)
-    return Promotion(choice="grpo", code="grpo_not_worse",
-                     reason=f"GRPO's: not worse than SFT's by more than the margin {margin:g} (sampled) or "
-                            f"{greedy_margin:g} (greedy); {nums}", **common)

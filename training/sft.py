@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from training.config import SFTConfig
 from warehouse import chat
-from warehouse.record import Trajectory
+from warehouse.record import Trajectory, example_key
 
 
 class TrainingError(RuntimeError):
@@ -62,9 +62,10 @@ def trajectory_conversation(row: Trajectory, *, template: str | dict | None = No
 
 
 def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
-    """The trajectories of a training snapshot (its manifest joined to the trajectories view), ordered by
-    trajectory id: the ids are deterministic, so a re-run of the same snapshot (a resumed flywheel, another lake
-    holding the same rows) trains on the same order, whatever the rows' write times."""
+    """The trajectories of a training snapshot (its manifest joined to the trajectories view), ordered by example
+    key (warehouse.record.example_key: run-independent), so a re-run of the same snapshot (a resumed flywheel,
+    another run of the same config and seed, another lake holding the same rows) trains on the same order, whatever
+    the rows' write times and the run's id."""
     from warehouse.query import read_trajectories
 
     rows = read_trajectories(root, "trajectory_id IN (SELECT trajectory_id FROM manifests WHERE snapshot_id = ?)",
@@ -72,7 +73,7 @@ def load_snapshot(root: str, snapshot_id: str) -> list[Trajectory]:
     if not rows:
         raise TrainingError(f"snapshot {snapshot_id!r} under {root!r} has no trajectories; check the id with "
                             f"`flywheel sql --root {root}` (SELECT * FROM datasets)")
-    return sorted(rows, key=lambda r: r.trajectory_id)
+    return sorted(rows, key=example_key)
 
 
 def render_conversation(tokenizer, msgs: list[dict[str, Any]], tools: list[dict[str, Any]],

@@ -144,6 +144,19 @@ def trajectory_id(run_id: str, round: int, task_id: str, policy: str, sample_ind
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def example_key(row: Trajectory) -> str:
+    """The run-independent identity of an example: sha256 (32 hex) of its source, policy, round, stage, GRPO step,
+    task, sample index and conversation (roles, contents, reasoning, tool calls). Unlike `trajectory_id` it leaves
+    out the run id, so the same episode of two runs of one config and seed has the same key: curation orders and
+    breaks ties by it (curate/mixing.py, curate/dedup.py), SFT reads a snapshot in its order, and a snapshot's
+    manifest hash is built from it, so what enters a snapshot never depends on the run's id."""
+    convo = [[m.role, m.content, m.reasoning, m.name, m.tool_call_id,
+              [[c.id, c.function.name, c.function.arguments] for c in m.tool_calls or []]] for m in row.messages]
+    parts: list[Any] = [row.source, row.policy, int(row.round), row.stage, row.grpo_step, row.task_id,
+                        row.sample_index, convo]
+    return hashlib.sha256(json.dumps(parts, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()[:32]
+
+
 FUNCTION_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.string())])
 TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", FUNCTION_TYPE)])
 MESSAGE_TYPE = pa.struct(

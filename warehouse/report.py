@@ -1,7 +1,8 @@
 """The report of a flywheel run: PNG plots, markdown and HTML, built from the rounds table of the lake.
 
 Plots: held-out pass@1 per round for the base, each student and the teacher (one panel per suite); teacher yield;
-hack rate by reason code; the snapshot mix by source; wall time per stage; in runs with GRPO, SFT vs GRPO per round
+hack rate by reason code; the snapshot mix by source; wall time per stage; the promotion against the incumbent per
+round (incumbent, SFT, GRPO and the student that went on, greedy and sampled); in runs with GRPO, SFT vs GRPO per round
 (greedy and sampled held-out pass@1, the SFT-only control) and GRPO's reward and hack rate per step (from its own
 episodes, stage grpo). Tables: held-out pass rate, the SFT-only control and GRPO's steps (runs with GRPO), the
 verifier health of the run's tasks per suite (from `flywheel tasks audit`'s verifier_health rows, when there are
@@ -12,6 +13,7 @@ local folder named in the result). Reads only; trains nothing.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,62 @@ def control_table(root: str, run_id: str) -> list[dict[str, Any]]:
             elif r["metric"].startswith("reason:"):
                 row["reason"] = r["metric"][len("reason:"):]
     return [out[k] for k in sorted(out) if "promoted" in out[k]]
+
+
+def promotion_table(root: str, run_id: str) -> list[dict[str, Any]]:
+    """Per round, the promotion against the incumbent: the held-out greedy and sampled pass@1 (all suites) of the
+    incumbent (the student the round started from: round 0's base, or the previous round's student), of the round's
+    SFT and GRPO checkpoints, and of the student that went on; whether the candidate replaced the incumbent and the
+    reason code (flows.evaluate.stage_control writes these rows)."""
+    rows = _rounds(root, run_id)
+    score: dict[tuple[int, str, str], float] = {}
+    decided: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        if r["split"] == "heldout" and r["suite"] == "all" and r["metric"] in ("pass@1", "sampled_pass@1"):
+            score[(r["round"], r["subject"], r["metric"])] = r["value"]
+        elif r["subject"] == "promotion" and r["suite"] == "all":
+            d = decided.setdefault(r["round"], {})
+            if r["metric"] == "incumbent_promoted":
+                d["promoted"] = "candidate" if r["value"] else "incumbent"
+            elif r["metric"].startswith("incumbent_reason:"):
+                d["reason"] = r["metric"][len("incumbent_reason:"):]
+    out = []
+    for rd in sorted(decided):
+        row: dict[str, Any] = {"round": rd}
+        before = (rd - 1, "base" if rd == 1 else "student")
+        for kind, m in (("greedy", "pass@1"), ("sampled", "sampled_pass@1")):
+            for label, key in (("incumbent", before), ("sft", (rd, "sft")), ("grpo", (rd, "grpo")),
+                               ("promoted", (rd, "student"))):
+                v = score.get((key[0], key[1], m))
+                if v is not None:
+                    row[f"{kind}_{label}"] = round(v, 4)
+        out.append({**row, **decided[rd]})
+    return out
+
+
+def _plot_promotion(table: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.4), squeeze=False)
+    rounds = [r["round"] for r in table]
+    for ax, kind in zip(axes[0], ("greedy", "sampled")):
+        for label, style in (("incumbent", "k:"), ("sft", "s--"), ("grpo", "o--"), ("promoted", "D-")):
+            ys = [r.get(f"{kind}_{label}", float("nan")) for r in table]
+            if not all(math.isnan(y) for y in ys):
+                ax.plot(rounds, ys, style, label=label, alpha=0.85)
+        for r in table:
+            if r.get("promoted") == "incumbent":
+                ax.annotate("kept", (r["round"], r.get(f"{kind}_promoted", 0.0)), textcoords="offset points",
+                            xytext=(4, -12), fontsize=8, color="firebrick")
+        ax.set_title(f"held-out {kind} pass@1: incumbent vs candidates")
+        ax.set_xticks(rounds)
+        ax.set_xlabel("round")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def grpo_steps(root: str, run_id: str) -> list[dict[str, Any]]:
@@ -244,6 +302,10 @@ def build_report(root: str, run_id: str) -> Report:
             ok = _plot_bars(rows, prefix, subject, title, ylabel, folder / name, stacked)
         if ok:
             plots.append(name)
+    promotion = promotion_table(str(root), run_id)
+    if promotion:
+        _plot_promotion(promotion, folder / "promotion.png")
+        plots.append("promotion.png")
     control = control_table(str(root), run_id)
     if control:
         _plot_control(control, folder / "sft_vs_grpo.png")
@@ -258,6 +320,8 @@ def build_report(root: str, run_id: str) -> Report:
     for r in other:
         r["value"] = round(r["value"], 4)
     md = [f"# flywheel run `{run_id}`\n", "## Held-out pass rate\n", _md_table(heldout)]
+    if promotion:
+        md += ["## Promotion against the incumbent\n", _md_table(promotion)]
     if control:
         md += ["## SFT-only control (rounds with GRPO)\n", _md_table(control)]
     if steps:
@@ -272,7 +336,8 @@ def build_report(root: str, run_id: str) -> Report:
     (folder / "report.md").write_text(markdown)
     body = "".join(
         f"<h2>{html.escape(t)}</h2>{_html_table(rs)}" for t, rs in (
-            ("Held-out pass rate", heldout), ("SFT-only control (rounds with GRPO)", control),
+            ("Held-out pass rate", heldout), ("Promotion against the incumbent", promotion),
+            ("SFT-only control (rounds with GRPO)", control),
             ("GRPO steps (its own episodes)", steps)) if rs or t == "Held-out pass rate")
     body += "".join(f'<figure><img src="{n}" alt="{n}"></figure>' for n in plots)
     if health:

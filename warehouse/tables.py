@@ -23,6 +23,7 @@ DATASETS_SCHEMA = pa.schema(
         ("counts_json", pa.string()),
         ("manifest_path", pa.string()),
         ("parent_snapshot_id", pa.string()),
+        ("manifest_hash", pa.string()),  # curate.mixing.manifest_hash: the same snapshot across runs
     ]
 )
 
@@ -37,6 +38,7 @@ MANIFEST_SCHEMA = pa.schema(
         ("suite", pa.string()),
         ("policy", pa.string()),
         ("weight", pa.float64()),
+        ("example_key", pa.string()),  # warehouse.record.example_key: the row's run-independent identity
     ]
 )
 

@@ -91,3 +91,48 @@ def test_row_gumbel_samples_the_tempered_softmax():
     assert torch.allclose(freq, torch.softmax(logits[0] / 2.0, -1), atol=0.03)
     cut = _RowGumbel(list(range(n)), temperature=1.0, top_p=0.7)(None, logits.expand(n, 4)).argmax(-1)
     assert set(cut.tolist()) == {0, 1}  # softmax mass 0.64 then 0.24: the first two reach 0.7
+
+
+def test_a_rollout_holds_the_policy_in_lockstep_so_batches_do_not_depend_on_timing(tiny_dir, monkeypatch):
+    """agents.rollout holds a batching policy in lockstep: a batch is cut only when every worker waits for a reply,
+    its requests ordered by key. With random latency around every episode (a TEST DOUBLE wrapping the real
+    run_episode, for timing only), two rollouts of one plan cut the same batches, the same requests in the same
+    order; so their rows are equal too."""
+    import random
+
+    import agents.rollout as ro
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+
+    real = ro.run_episode
+    jitter = random.Random()
+
+    async def jittered(*args, **kwargs):
+        await asyncio.sleep(jitter.uniform(0, 0.04))
+        row = await real(*args, **kwargs)
+        await asyncio.sleep(jitter.uniform(0, 0.04))
+        return row
+
+    monkeypatch.setattr(ro, "run_episode", jittered)
+    tasks = arithmetic.generate(9, split="train", seed=4)
+
+    def batches(timing_seed: int) -> tuple[list[tuple[int, ...]], list[str]]:
+        jitter.seed(timing_seed)
+        pol = TransformersPolicy(tiny_dir, temperature=1.0, max_new_tokens=8, batch_size=8, device="cpu", seed=1)
+        seen: list[tuple[int, ...]] = []
+        generate = pol._generate
+
+        def recorded(prompts, keys):
+            seen.append(tuple(keys))
+            return generate(prompts, keys)
+
+        pol._generate = recorded
+        rows: list = []
+        with open_backend(SandboxConfig(backend="local", timeout_s=5.0), pool_size=3) as backend:
+            asyncio.run(ro.rollout(tasks, pol, backend, run_id="ls", concurrency=3, samples=2, max_turns=2,
+                                   on_rows=rows.extend, progress=False))
+        return seen, sorted(f"{r.trajectory_id}:{r.messages[-1].content}" for r in rows)
+
+    first, again = batches(1), batches(2)
+    assert first == again
+    assert len(first[0]) >= 6 and max(len(b) for b in first[0]) == 3  # three workers, each batch all of them

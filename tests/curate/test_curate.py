@@ -339,16 +339,26 @@ def test_curate_end_to_end_counts_every_fault_and_manifest_answers_provenance(tm
     assert again.snapshot_id == res.snapshot_id and again.demos_written == 0
 
     # round 1: new teacher rows, one an exact copy of a round-0 trained row, one new; earlier rows are not
-    # trained on twice, human demos are reused
+    # selected again as new rows, human demos are reused; without replay that is all
     copy = row(train[6], round=1, sample=5, policy="ref-teacher")
     fresh = row(train[55], round=1, sample=0)
     write_trajectories(root, [copy, fresh])
-    r1 = curate(root, cfg, run_id="run1", round=1, heldout_tasks=heldout)
+    r1 = curate(root, cfg.model_copy(update={"replay_share": 0.0}), run_id="run1", round=1, heldout_tasks=heldout)
     assert r1.outcomes[copy.trajectory_id] == "dup_exact_earlier_snapshot"
     assert r1.outcomes[fresh.trajectory_id] == SELECTED
-    assert r1.selected_by_source == {"human": 8, "teacher": 1}
+    assert r1.selected_by_source == {"human": 8, "teacher": 1} and r1.n_replayed == 0
     assert r1.dropped_by_reason["in_earlier_snapshot"] == 50
     assert r1.parent_snapshot_id == res.snapshot_id
+
+    # with the default replay share (0.5), as many of the earlier snapshot's rows rejoin as there are new ones,
+    # with their source weights, chosen in the seeded order; the rest stay out
+    replay = curate(root, cfg, run_id="run1", round=1, heldout_tasks=heldout)
+    assert cfg.replay_share == 0.5 and replay.n_replayed == 9
+    replayed = [k for k, v in replay.outcomes.items() if v == "replayed"]
+    assert len(replayed) == 9 and replay.dropped_by_reason["in_earlier_snapshot"] == 41
+    assert set(replayed) <= {r.trajectory_id for r, _ in back if r.source != "human"}
+    assert {r.trajectory_id: w for r, w in read_snapshot(root, replay.snapshot_id)}.keys() >= set(replayed)
+    assert replay.n_selected == 9 + 9 and replay.manifest_hash != r1.manifest_hash
 
 
 def test_curriculum_from_lake(tmp_path, train):

@@ -33,32 +33,49 @@ def good(i: int, answer: int = 5, *, with_ids: bool = True, arguments: object = 
             "tools": ["python"], "expected_answer": str(answer), "suite": "arithmetic", "difficulty": 1}
 
 
-def test_shipped_from_memory_demos_answer_right_without_the_tool_on_train_problems(tmp_path):
-    """The demos that leave GRPO a job in the offline default: every one passes its numeric check, none
-    calls a tool, none is a held-out problem, each opens with the system message an episode of the task opens with
-    (else the student learns to tell them apart by it and never skips the tool on a real prompt), and
-    scripts/memory_demos.py writes the same file again."""
-    import subprocess
-    import sys
+def test_demos_are_judged_like_episodes_and_a_hack_never_enters_a_snapshot_as_a_pass(tmp_path):
+    """One judge for every row: a demo is verified and examined by the same verifier and forensics as an episode of
+    its suite. A tool-free answer on a tool suite, and a tool call that prints the answer as a literal (nothing
+    computed from the problem), are stored as hacks with their reason code and reward 0, whether or not an expected
+    answer was given; the honest tool-using demo passes; curation never selects the hacks."""
+    from curate.config import CurateConfig
+    from curate.stage import curate
 
-    from agents.loop import initial_messages
-    from flows.config import _shipped_demos
-    from tasks import arithmetic
-
-    path = Path(DEMOS).with_name("arithmetic_from_memory.jsonl")
-    assert str(path) in _shipped_demos()  # GRPO's job in the offline default (flywheel.grpo's description)
+    honest = good(1, 85)
+    from_memory = {"messages": [{"role": "user", "content": "What is 37 + 74?"},
+                                {"role": "assistant", "content": "Answer: 111"}],
+                   "tools": ["python"], "suite": "arithmetic", "expected_answer": "111"}
+    unchecked = {k: v for k, v in from_memory.items() if k != "expected_answer"}
+    unchecked["messages"] = [{"role": "user", "content": "What is 12 + 30?"},
+                             {"role": "assistant", "content": "Answer: 42"}]
+    literal = good(2, 7, arguments=json.dumps({"code": "print(7)"}))
+    no_tool_suite = {"messages": [{"role": "user", "content": "What is 40 + 71?"},
+                                  {"role": "assistant", "content": "Answer: 111"}],
+                     "tools": ["python"], "suite": "my-notes", "expected_answer": "111"}
+    path = tmp_path / "demos.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (honest, from_memory, unchecked, literal, no_tool_suite)))
     rows, errors = load_demos([str(path)], run_id="r", round=0)
-    assert errors == [] and len(rows) == 1200
-    assert {r.verdict for r in rows} == {"pass"} and not any(m.tool_calls for r in rows for m in r.messages)
-    heldout = {t.prompt for t in arithmetic.generate(2000, split="heldout", seed=7919, difficulty=1)}
-    assert not heldout & {r.messages[1].content for r in rows}
-    episode_system = initial_messages(arithmetic.generate(1, split="train", seed=7919, difficulty=1)[0])[0]
-    assert {(r.messages[0].role, r.messages[0].content) for r in rows} == {("system", episode_system.content)}
-    assert [m.role for m in rows[0].messages] == ["system", "user", "assistant"]
-    again = tmp_path / "again.jsonl"
-    subprocess.run([sys.executable, "scripts/memory_demos.py", "--out", str(again)], check=True,
-                   cwd=Path(DEMOS).parents[2], capture_output=True)
-    assert again.read_bytes() == path.read_bytes()
+    assert errors == []
+    got = [(r.verdict, r.hack_flags, r.reward) for r in rows]
+    assert got == [("pass", [], 1.0), ("hack", ["no_tool_use"], 0.0), ("hack", ["no_tool_use"], 0.0),
+                   ("hack", ["no_tool_use"], 0.0), ("pass", [], 1.0)]  # my-notes is no built-in suite: no tool due
+    assert json.loads(rows[1].verifier_details_json)["forensics"][0]["code"] == "no_tool_use"
+
+    root = str(tmp_path / "lake")
+    res = curate(root, CurateConfig(demo_paths=[str(path)]), run_id="r", round=1, heldout_tasks=[])
+    hacks = {r.trajectory_id for r in rows if r.verdict == "hack"}
+    assert {res.outcomes[h] for h in hacks} == {"verdict_hack"}
+    assert res.selected_by_source == {"human": 2}
+
+
+def test_the_shipped_default_demos_all_pass_the_judge():
+    """No shipped demo carries a label the judge would contradict (the from-memory demos that answered a tool suite
+    without the tool were removed: the judge calls that a hack)."""
+    from flows.config import _shipped_demos
+
+    rows, errors = load_demos(_shipped_demos(), run_id="r", round=0)
+    assert errors == [] and rows and {(r.verdict, tuple(r.hack_flags)) for r in rows} == {("pass", ())}
+    assert all(m.tool_calls for r in rows for m in r.messages[1:2])
 
 
 def test_shipped_demo_file_is_valid_and_verified():

@@ -1,4 +1,4 @@
-"""The promotion rule of a round with GRPO (training.evaluate.choose_promotion): GRPO's checkpoint goes on unless
+"""The promotion rule of a round with GRPO (training.promotion.choose_promotion): GRPO's checkpoint goes on unless
 its held-out sampled pass@1 is below SFT's by more than the margin, or its greedy pass@1 is below SFT's by more
 than the greedy margin; the fixed rules always pick theirs."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.evaluate import choose_promotion
+from training.promotion import choose_promotion
 
 
 def _choose(rule, sft, grpo, margin=0.05, sft_greedy=0.5, grpo_greedy=0.6, greedy_margin=0.0):
