@@ -1,13 +1,13 @@
 """Mixing curated rows into a training snapshot, and registering the snapshot in the lake.
 
-`mix` weights rows by source, applies per-task and per-suite caps, then difficulty shares, then source shares
-(each share met by the largest selection that needs no repeated row) and the size cap. Every choice among rows
-follows one order: the hash of (seed, example key), where the example key (warehouse.record.example_key) is a
-row's run-independent identity, so the same rows and config give the same snapshot in any process, any input order
-and any run of the same config and seed. `manifest_hash` is that snapshot's fingerprint across runs. `write_snapshot` writes the manifest (one row per example with its provenance and
-weight) and one datasets-table row carrying the config hash; `read_snapshot` gives a snapshot's rows back with
-their weights (what SFT trains on). This module does not filter or de-duplicate.
-"""
+`mix` weights rows by source, applies per-task and per-suite caps, then difficulty shares, then source shares (each
+share met by the largest selection that needs no repeated row) and the size cap. Every choice among rows follows one
+order: the hash of (seed, example key), where the example key (warehouse.record.example_key) is a row's run-
+independent identity, so the same rows and config give the same snapshot in any process, any input order and any run
+of the same config and seed. `manifest_hash` is that snapshot's fingerprint across runs. `write_snapshot` writes the
+manifest (one row per example with its provenance and weight) and one datasets-table row carrying the config hash;
+`read_snapshot` gives a snapshot's rows back with their weights (what SFT trains on). This module does not filter or
+de-duplicate."""
 
 from __future__ import annotations
 

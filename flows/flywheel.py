@@ -1,20 +1,20 @@
 """Prefect flow `flywheel`: N rounds of teacher -> curate -> SFT -> GRPO -> student re-rollout, with a report.
 
-Round 0 builds (or names) the base student, imports human demos and scores the base and the teacher on the
-held-out split. Round r (1..N): the teacher rolls out on the curriculum's train tasks; curation mixes teacher
-rows, demos and the earlier student's successes into snapshot r; SFT from the previous student (or the base),
-then GRPO on the tasks that still give signal; the promotion stage scores the round's checkpoints on the
-held-out split, `[flywheel] promote` picks the candidate between SFT's and GRPO's (the SFT-only control), and the
-candidate replaces the incumbent (the student the round started from; the base in round 1) only when it is not
-worse on any held-out suite beyond the noise and better on the whole set (`[flywheel] incumbent_z`,
-training/promotion.py); otherwise the next round starts from the incumbent (the decision, per-suite deltas and a
-reason code logged, in the rounds table and the ledger). The student that goes on is recorded with its held-out
-scores as the round's student and rolls out on the train tasks (its successes enter round r+1 as source student); the mismatch panel compares those rollouts' logprobs with the trainer's
-(flows/train.py `stage_mismatch`) and a crossed `[mismatch]` threshold keeps the previous student for round r+1
-(a warning names it); metrics land in the rounds table and the report is rebuilt. The teacher's
-rollouts on the suites that join round r+1 need no student, so they run in a low-priority child process while
-round r trains (`flywheel.teacher_ahead`; SFT holds one core, they use the other); round r+1's teacher stage finds
-them written and adds only the tasks the student still fails. Training stages hold the `flywheel-gpu` slot and
+Round 0 builds (or names) the base student, imports human demos and scores the base and the teacher on the held-out
+split. Round r (1..N): the teacher rolls out on the curriculum's train tasks; curation mixes teacher rows, demos and
+the earlier student's successes into snapshot r; SFT from the previous student (or the base), then GRPO on the tasks
+that still give signal; the promotion stage scores the round's checkpoints on the held-out split, `[flywheel]
+promote` picks the candidate between SFT's and GRPO's (the SFT-only control), and the candidate replaces the
+incumbent (the student the round started from; the base in round 1) only when it is not worse on any held-out suite
+beyond the noise and better on the whole set (`[flywheel] incumbent_z`, training/promotion.py); otherwise the next
+round starts from the incumbent (the decision, per-suite deltas and a reason code logged, in the rounds table and
+the ledger). The student that goes on is recorded with its held-out scores as the round's student and rolls out on
+the train tasks (its successes enter round r+1 as source student); the mismatch panel compares those rollouts'
+logprobs with the trainer's (flows/train.py `stage_mismatch`) and a crossed `[mismatch]` threshold keeps the
+previous student for round r+1 (a warning names it); metrics land in the rounds table and the report is rebuilt. The
+teacher's rollouts on the suites that join round r+1 need no student, so they run in a low-priority child process
+while round r trains (`flywheel.teacher_ahead`; SFT holds one core, they use the other); round r+1's teacher stage
+finds them written and adds only the tasks the student still fails. Training stages hold the `flywheel-gpu` slot and
 every rollout its `flywheel-sandbox` slots, as in `flywheel generate`, so round r's student rollouts wait for the
 ahead rollouts' slots when both together need more than `limits.sandbox_slots`.
 

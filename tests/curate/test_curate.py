@@ -361,6 +361,40 @@ def test_curate_end_to_end_counts_every_fault_and_manifest_answers_provenance(tm
     assert replay.n_selected == 9 + 9 and replay.manifest_hash != r1.manifest_hash
 
 
+def test_the_same_rows_under_another_run_id_make_the_same_snapshot(tmp_path, train, heldout):
+    """What enters a snapshot depends on the rows and the config, never on the run's id (which every trajectory id
+    holds): two runs whose rows are the same episodes, written in another order, with a size cap that makes the mix
+    choose and a near-duplicate pair that makes dedup choose, give the same manifest hash and the same examples in
+    the same order, over two rounds with replay."""
+    from warehouse.record import example_key
+
+    def lake(run_id: str, reverse: bool) -> tuple[str, list]:
+        root = str(tmp_path / run_id)
+        rows = [row(x, run_id=run_id, sample=0) for x in train[:30]]
+        rows.append(row(train[1], run_id=run_id, sample=7, final=f"So the total is {train[1].verifier.answer}. "
+                                                               f"Answer: {train[1].verifier.answer}"))
+        rows += [row(x, run_id=run_id, round=1, sample=0) for x in train[30:45]]
+        write_trajectories(root, rows[::-1] if reverse else rows)
+        cfg = CurateConfig(mix=MixConfig(max_examples=20))
+        return root, [curate(root, cfg, run_id=run_id, round=r, heldout_tasks=heldout) for r in (0, 1)]
+
+    (root_a, a), (root_b, b) = lake("run-a", False), lake("run-b", True)
+    assert [x.manifest_hash for x in a] == [x.manifest_hash for x in b]
+    assert a[0].dropped_by_reason == b[0].dropped_by_reason
+    assert a[0].dropped_by_reason["max_examples"] == 10 and a[0].dropped_by_reason["dup_near"] == 1
+    assert a[1].n_replayed == b[1].n_replayed > 0
+    for x, y in zip(a, b):
+        ka = [example_key(r) for r, _ in read_snapshot(root_a, x.snapshot_id)]
+        kb = [example_key(r) for r, _ in read_snapshot(root_b, y.snapshot_id)]
+        assert ka == kb and len(ka) == x.n_selected
+    assert not {r.trajectory_id for r, _ in read_snapshot(root_a, a[0].snapshot_id)} & \
+        {r.trajectory_id for r, _ in read_snapshot(root_b, b[0].snapshot_id)}
+    from warehouse.query import query
+
+    assert query(root_a, "SELECT manifest_hash FROM datasets ORDER BY round").to_pylist() == \
+        [{"manifest_hash": x.manifest_hash} for x in a]
+
+
 def test_curriculum_from_lake(tmp_path, train):
     root = str(tmp_path / "lake")
     rows = []

@@ -39,8 +39,7 @@ SMALL = [
     "--set", "flywheel.student_train_tasks=10", "--set", "student.tiny.hidden=64", "--set", "student.tiny.layers=2",
     "--set", "student.tiny.copy_warmup_steps=20",
     "--set", "flywheel.grpo=true", "--set", "student.batch_size=1", "--rounds", "2", "--backend", "local",
-    # the tool-using demos only: the 1,200 from-memory ones (GRPO's room in the default) would be most of this tiny
-    # run's snapshot and its curation time
+    # the shipped demos, named as the default names them
     "--set", f'curate.demo_paths=["{Path(__file__).resolve().parents[2] / "data" / "demos" / "arithmetic_demos.jsonl"}"]',
 ]
 PRE_KILL = ("SELECT trajectory_id FROM trajectories_raw WHERE round = 0 OR (round = 1 AND source = 'teacher') "
@@ -76,8 +75,11 @@ def check_grpo_rounds(out: Path, log: str, run_id: str) -> None:
     grpo = json.loads((ledger / "001-grpo.json").read_text())
     assert "skipped" not in grpo, grpo
     ctrl = json.loads((ledger / "001-control.json").read_text())
-    assert ctrl["promoted"] in ("sft", "grpo") and ctrl["reason"] and ctrl["code"]
-    assert f"round 1 promotes {ctrl['promoted']}" in log
+    assert ctrl["candidate"] in ("sft", "grpo") and ctrl["reason"] and ctrl["code"]
+    assert f"round 1 candidate {ctrl['candidate']} ({ctrl['code']})" in log
+    # the candidate against the incumbent (the base in round 1): replaced only when better, the decision logged
+    assert ctrl["promoted"] in (ctrl["candidate"], "incumbent") and ctrl["incumbent_reason"]
+    assert f"round 1: {ctrl['promoted']} goes on ({ctrl['incumbent_code']}" in log
     steps = sql(out, "SELECT round, grpo_step, policy, source, count(*) AS n FROM trajectories WHERE stage = 'grpo' "
                      "GROUP BY ALL ORDER BY ALL")
     # grpo.max_steps=1, prompts_per_step=1, num_generations=2: one step of 2 episodes a round
@@ -86,7 +88,7 @@ def check_grpo_rounds(out: Path, log: str, run_id: str) -> None:
     rounds = sql(out, "SELECT subject, metric, value FROM rounds WHERE round = 1 AND suite = 'all' "
                       "AND split = 'heldout' ORDER BY ALL")
     val = {(r["subject"], r["metric"]): r["value"] for r in rounds}
-    for subject in ("sft", "grpo", "student"):
+    for subject in ("sft", "grpo"):
         for name in ("pass@1", "sampled_pass@1", "pass@2"):
             assert (subject, name) in val, (subject, name, sorted(val))
     assert val[("sft", "sampled_episodes")] == val[("grpo", "sampled_episodes")] > 0
@@ -95,17 +97,25 @@ def check_grpo_rounds(out: Path, log: str, run_id: str) -> None:
     fw = FlywheelConfig().flywheel
     greedy_drop = val[("sft", "pass@1")] - val[("grpo", "pass@1")]
     worse = gain < -fw.promote_margin or greedy_drop > fw.promote_greedy_margin + 1e-9
-    assert ctrl["promoted"] == ("sft" if worse else "grpo")  # the default rule and margins
+    assert ctrl["candidate"] == ("sft" if worse else "grpo")  # the default rule and margins
     assert grpo["skipped_tasks"] == {} and grpo["tasks"] > 0  # round 1: every task unseen by the student
-    assert val[("promotion", "promoted_grpo")] == float(ctrl["promoted"] == "grpo")
+    assert val[("promotion", "promoted_grpo")] == float(ctrl["candidate"] == "grpo")
     assert val[("promotion", f"reason:{ctrl['code']}")] == 1.0
-    for name in ("pass@1", "sampled_pass@1", "pass@2"):  # the student's scores are the promoted checkpoint's
-        assert val[("student", name)] == val[(ctrl["promoted"], name)]
+    assert val[("promotion", "incumbent_promoted")] == float(ctrl["promoted"] != "incumbent")
+    assert val[("promotion", f"incumbent_reason:{ctrl['incumbent_code']}")] == 1.0
+    if ctrl["promoted"] == "incumbent":  # the student's scores are the base's (greedy only in round 0)
+        base = sql(out, "SELECT value FROM rounds WHERE round = 0 AND subject = 'base' AND suite = 'all' "
+                        "AND metric = 'pass@1'")
+        assert val[("student", "pass@1")] == base[0]["value"]
+    else:  # the student's scores are the promoted checkpoint's
+        for name in ("pass@1", "sampled_pass@1", "pass@2"):
+            assert val[("student", name)] == val[(ctrl["promoted"], name)]
     pols = {r["policy"] for r in sql(out, "SELECT DISTINCT policy FROM trajectories WHERE split = 'heldout'")}
     assert {"student-r1-sft", "student-r1-sft-t0.8", "student-r1-grpo", "student-r1-grpo-t0.8"} <= pols
     report = out / "runs" / run_id / "report"
     md = (report / "report.md").read_text()
-    assert "SFT-only control" in md and "GRPO steps" in md
+    assert "SFT-only control" in md and "GRPO steps" in md and "Promotion against the incumbent" in md
+    assert (report / "promotion.png").stat().st_size > 1000
     assert (report / "sft_vs_grpo.png").stat().st_size > 1000 and (report / "grpo_steps.png").stat().st_size > 1000
 
 
