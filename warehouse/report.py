@@ -106,26 +106,32 @@ def promotion_table(root: str, run_id: str) -> list[dict[str, Any]]:
 
 
 def _plot_promotion(table: list[dict[str, Any]], path: Path) -> None:
+    """Grouped bars per round: the incumbent, SFT's and GRPO's checkpoints and the student that went on; a round
+    whose candidate was refused says so under its bars."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.4), squeeze=False)
-    rounds = [r["round"] for r in table]
+    labels = (("incumbent", "0.55"), ("sft", "tab:blue"), ("grpo", "tab:orange"), ("promoted", "tab:green"))
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6), squeeze=False)
+    width = 0.2
     for ax, kind in zip(axes[0], ("greedy", "sampled")):
-        for label, style in (("incumbent", "k:"), ("sft", "s--"), ("grpo", "o--"), ("promoted", "D-")):
-            ys = [r.get(f"{kind}_{label}", float("nan")) for r in table]
-            if not all(math.isnan(y) for y in ys):
-                ax.plot(rounds, ys, style, label=label, alpha=0.85)
-        for r in table:
-            if r.get("promoted") == "incumbent":
-                ax.annotate("kept", (r["round"], r.get(f"{kind}_promoted", 0.0)), textcoords="offset points",
-                            xytext=(4, -12), fontsize=8, color="firebrick")
-        ax.set_title(f"held-out {kind} pass@1: incumbent vs candidates")
-        ax.set_xticks(rounds)
-        ax.set_xlabel("round")
-        ax.set_ylim(-0.03, 1.03)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+        for k, (label, color) in enumerate(labels):
+            xs = [r["round"] + (k - 1.5) * width for r in table]
+            ys = [r.get(f"{kind}_{label}", math.nan) for r in table]
+            bars = ax.bar(xs, [0.0 if math.isnan(y) else y for y in ys], width, color=color, label=label)
+            for b, y in zip(bars, ys):
+                if not math.isnan(y):
+                    ax.annotate(f"{y:.2f}", (b.get_x() + width / 2, y), ha="center", va="bottom", fontsize=7,
+                                xytext=(0, 1), textcoords="offset points")
+        ax.set_xticks([r["round"] for r in table],
+                      [f"round {r['round']}" + ("\nincumbent kept" if r.get("promoted") == "incumbent" else "")
+                       for r in table])
+        ax.set_title(f"held-out {kind} pass@1", fontsize=10)
+        ax.set_ylim(0, 1.12)
+        ax.grid(alpha=0.3, axis="y")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=8, ncol=4, loc="lower center")
+    fig.suptitle("promotion against the incumbent", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
