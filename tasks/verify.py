@@ -46,7 +46,7 @@ NUMERIC_VERIFIER_VERSION = "2"  # 2: markdown answers (**Answer:** 270) count
 # control-flow exception crosses a proxy, a fresh sandbox per judging path, Python sources kept up to 4 MiB
 UNIT_TESTS_VERIFIER_VERSION = "3"
 VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
-                     "llm_judge": "1", "harbor": "1", "bfcl": "1"}
+                     "llm_judge": "1", "harbor": "2", "bfcl": "1"}
 class Outcome(BaseModel):
     verdict: str = Field(description="pass, fail or hack (the loop sets model_error/timeout/infra_error).")
     reward: float
