@@ -273,12 +273,13 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
     timeout = task.verifier.timeout_s
     budget = len(which) * (4 * timeout + 5.0) + 15.0
     module = _module_name(task.verifier.solution_path)
-    entries = _entry_points(task)
+    own = task.files.get(task.verifier.solution_path, "")
+    entries = tuple(sorted(set(_entry_points(task)) | set(testnames.stubs(own))))
     req: dict[str, Any] = {"token": token, "secret": secret, "files": files, "module": module, "timeout_s": timeout,
                            "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which],
                            # the tests see the task's own code (the pristine file) and, of the solution, only
                            # proxies of the functions they are meant to call (tasks/testnames.py)
-                           "own_source": task.files.get(task.verifier.solution_path, ""),
+                           "own_source": own,
                            "entry_points": list(entries),
                            "call_names": testnames.call_names([tests[i][1] for i in which], module, entries)}
     split = sandbox.backend in UID_SPLIT_BACKENDS

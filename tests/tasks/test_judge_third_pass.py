@@ -115,6 +115,19 @@ def test_a_solution_redefining_the_tasks_helper_does_not_reach_the_tests(backend
     assert (o.verdict, o.reward, o.hack_flags) == ("pass", 1.0, []), o.details
 
 
+def test_the_tasks_stubs_are_the_solutions_and_its_helpers_the_tasks(backend):
+    """Every stub of the task's code (`raise NotImplementedError`, `...`) is the solution's to write, like the entry
+    point; a helper the task's code defines (`quad`, which calls the entry point) stays the task's."""
+    own = ('def double(x):\n    raise NotImplementedError\n\ndef triple(x):\n    """Three times x."""\n    ...\n\n'
+           "def quad(x):\n    return double(double(x))\n")
+    t = task(["for x in range(3):\n    assert triple(x) == 3 * x and quad(x) == 4 * x"], starter=own)
+    src = HONEST + "\ndef triple(x):\n    return 3 * x\n\ndef quad(x):\n    return 0\n"
+    run = run_unit_tests(t, {"solution.py": src}, backend)
+    assert run.passed, results(run)
+    run = run_unit_tests(t, {"solution.py": HONEST}, backend)  # no triple: the stub is not the task's to answer
+    assert not run.passed, results(run)
+
+
 def test_tests_reach_the_solution_by_import_and_see_no_plain_globals(backend):
     t = task(["from solution import double\nfor x in range(2):\n    assert double(x) == 2 * x",
               "import solution\nfor x in range(2):\n    assert solution.double(x) == 2 * x",
