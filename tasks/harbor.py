@@ -24,8 +24,9 @@ object whose `reward` key, or single key, is the number) or else reward.txt. No 
 non-numeric or non-finite one, reward.json and reward.txt that disagree (code the grader ran may have written one),
 or a test.sh past its timeout is reward 0, verdict fail, with the reason in the details. test.sh runs with
 PYTHONSAFEPATH=1 and PYTHONPATH=/tests (GRADER_ENV, before the task's [verifier] env): its Python never puts the
-working folder or a script's folder first on sys.path, so an agent's /app/json.py cannot shadow a grader's import. Reward 1 (or more) is a pass; a fraction is kept as the reward of a fail. A reward file the agent wrote in
-its own container never reaches the verifier's, and neither does anything it did to /tests.
+working folder or a script's folder first on sys.path, so an agent's /app/json.py cannot shadow a grader's import.
+Reward 1 (or more) is a pass; a fraction is kept as the reward of a fail. A reward file the agent wrote in its own
+container never reaches the verifier's, and neither does anything it did to /tests.
 The oracle becomes the reference solution: one `shell` call that writes solution/ to /solution and runs
 solve.sh (with `[solution] env`), then a final message. A stored episode judged again (no open container) has its
 tool calls replayed in a fresh container of the image first.

@@ -11,8 +11,9 @@ earlier command left):
 - isolated: any other test runs in judgebox's runner, a non-dumpable process that never imports the solution and
   reaches it only through proxies to a call server; the tests see the real builtins, the task's own code and, of
   the solution, only the functions they are meant to call (tasks/testnames.py); its report counts only with the
-  per-run secret the host gave it and exit status 0. On Docker the runner runs as another uid than the server and the solution (RUNNER_USER),
-  so they cannot signal, ptrace or read it; the local backend has one uid (each result's `isolation` says which).
+  per-run secret the host gave it and exit status 0. On Docker the runner runs as another uid than the server and
+  the solution (RUNNER_USER), so they cannot signal, ptrace or read it; the local backend has one uid (each
+  result's `isolation` says which).
 Anything short of one result per test (no report, a bad token or secret, an empty test list, a harness timeout)
 is a failure, never a pass. Infrastructure failures raise VerifierUnavailable. `replay_workspace` rebuilds an
 agent's final workspace from its tool calls when only the messages are at hand: on the host when the episode only

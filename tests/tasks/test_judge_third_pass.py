@@ -169,7 +169,8 @@ def test_the_solutions_exceptions_keep_their_type_for_the_tests(backend):
                "for bad in ['x', None]:\n    try:\n        double(bad)\n    except TypeError:\n        pass\n"
                "    else:\n        assert False"]
     src = ("class Negative(ValueError):\n    pass\n\ndef double(x):\n    if not isinstance(x, int):\n"
-           "        raise TypeError('an int')\n    if x < 0:\n        raise Negative('no negatives')\n    return 2 * x\n")
+           "        raise TypeError('an int')\n    if x < 0:\n        raise Negative('no negatives')\n"
+           "    return 2 * x\n")
     run = run_unit_tests(task(expects), {"solution.py": src}, backend)
     assert run.passed, results(run)
 
@@ -234,7 +235,8 @@ def test_the_census_refuses_a_path_beside_a_leftover_process(backend, monkeypatc
 ATEXIT = ("import atexit, shutil, tempfile\n_SCRATCH = tempfile.mkdtemp()\natexit.register(shutil.rmtree, _SCRATCH, "
           "True)\n\ndef _cleanup():\n    shutil.rmtree(_SCRATCH, ignore_errors=True)\n\natexit.register(_cleanup)\n\n"
           + HONEST)
-ALARM = ("import signal\n\nclass _Timeout(Exception):\n    pass\n\ndef _expired(signum, frame):\n    raise _Timeout()\n\n"
+ALARM = ("import signal\n\nclass _Timeout(Exception):\n    pass\n\n"
+         "def _expired(signum, frame):\n    raise _Timeout()\n\n"
          "def double(x):\n    old = signal.signal(signal.SIGALRM, _expired)\n    signal.alarm(5)\n    try:\n"
          "        return x * 2\n    finally:\n        signal.alarm(0)\n        signal.signal(signal.SIGALRM, old)\n")
 FORKED = ("import os\n\ndef double(x):\n    r, w = os.pipe()\n    pid = os.fork()\n    if pid == 0:\n"
