@@ -93,8 +93,8 @@ def _verify_unit_tests(task: Task, messages: list[Message], backend: Backend | N
                             f"{text_limit(task.verifier.solution_path)} bytes (or is a symlink); it cannot be tested")
     else:
         files = solution_files(task, workspace)
-        left = sorted(p for p, st in workspace.files.items() if p.endswith(".py") and p not in files
-                      and st.text is None and not is_test_path(p))
+        left = sorted(p for p, st in workspace.files.items() if p not in files and st.text is None
+                      and st.symlink is None and not is_test_path(p) and not p.endswith((".pyc", ".pyo")))
         if left:  # said, not hidden: an import of one of them fails in the judge
             details["files_left_out"] = left
         run = run_unit_tests(task, files, backend)

@@ -295,13 +295,15 @@ def test_a_helper_over_64kb_travels_from_a_real_workspace(backend):
     t = task(SPLIT + LOOP)
     sb = backend.acquire()
     try:
-        prepare_workspace(sb, {**t.files, "solution.py": USES_HELPER, "helper.py": BIG_HELPER})
+        prepare_workspace(sb, {**t.files, "solution.py": USES_HELPER, "helper.py": BIG_HELPER,
+                               "notes.txt": "n" * 70000})
         ws = workspace_snapshot(sb)
     finally:
         sb.close()
-    assert ws.files["helper.py"].text == BIG_HELPER
+    assert ws.files["helper.py"].text == BIG_HELPER and ws.files["notes.txt"].text is None
     o = verify(t, episode_messages(t, USES_HELPER), backend=backend, workspace=ws)
     assert (o.verdict, o.reward, o.hack_flags) == ("pass", 1.0, []), o.details
+    assert o.details["files_left_out"] == ["notes.txt"]  # a data file over 64 KB does not travel: said, not hidden
 
 
 # ------------------------------------------------------------- 4. Harbor graders and the agent's own files
