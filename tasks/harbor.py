@@ -21,9 +21,12 @@ agent is done, `verify_harbor` starts a fresh container from the same image, cop
 under the state paths (the working directory, /logs/artifacts and task.toml `artifacts`), clears /logs/verifier,
 copies tests/ to /tests, runs test.sh there and reads the reward from /logs/verifier/reward.json (a number, or an
 object whose `reward` key, or single key, is the number) or else reward.txt. No reward file, an empty or
-non-numeric or non-finite one, or a test.sh past its timeout is reward 0, verdict fail, with the reason in the
-details. Reward 1 (or more) is a pass; a fraction is kept as the reward of a fail. A reward file the agent wrote in
-its own container never reaches the verifier's, and neither does anything it did to /tests.
+non-numeric or non-finite one, reward.json and reward.txt that disagree (code the grader ran may have written one),
+or a test.sh past its timeout is reward 0, verdict fail, with the reason in the details. test.sh runs with
+PYTHONSAFEPATH=1 and PYTHONPATH=/tests (GRADER_ENV, before the task's [verifier] env): its Python never puts the
+working folder or a script's folder first on sys.path, so an agent's /app/json.py cannot shadow a grader's import.
+Reward 1 (or more) is a pass; a fraction is kept as the reward of a fail. A reward file the agent wrote in its own
+container never reaches the verifier's, and neither does anything it did to /tests.
 The oracle becomes the reference solution: one `shell` call that writes solution/ to /solution and runs
 solve.sh (with `[solution] env`), then a final message. A stored episode judged again (no open container) has its
 tool calls replayed in a fresh container of the image first.
@@ -50,7 +53,14 @@ from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
 from tasks.unittests import VerifierUnavailable
 from warehouse.record import Message
 
-HARBOR_VERIFIER_VERSION = "1"
+# 2: test.sh's Python never imports from its working folder (PYTHONSAFEPATH, /tests on the path), and reward.json
+# and reward.txt that disagree are a fail
+HARBOR_VERIFIER_VERSION = "2"
+# test.sh's environment before the task's [verifier] env: Python in it does not put the working folder (the agent's
+# /app) or a script's folder first on sys.path, so an agent's /app/json.py cannot shadow a grader's `import json`;
+# /tests stays importable for the grader's own helpers; no user site, no startup file
+GRADER_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": "/tests", "PYTHONNOUSERSITE": "1"}
+GRADER_UNSET = ("PYTHONSTARTUP", "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE", "PYTHONPLATLIBDIR")
 HARBOR_TOOLS = ["shell", "read_file", "write_file"]
 REWARD_JSON = "/logs/verifier/reward.json"
 REWARD_TXT = "/logs/verifier/reward.txt"
@@ -471,6 +481,20 @@ def parse_reward(json_bytes: bytes | None, txt_bytes: bytes | None) -> tuple[flo
     return None, {"error": f"test.sh wrote neither {REWARD_JSON} nor {REWARD_TXT}"}
 
 
+def reward_files_disagree(json_bytes: bytes | None, txt_bytes: bytes | None) -> str | None:
+    """Why two reward files (reward.json and reward.txt both written) do not give one reward, or None when they do
+    or when there is at most one. Code the grader ran (the agent's module, imported by a check) can write one of
+    them; Harbor reads reward.json first, so the verifier fails closed when they disagree."""
+    if json_bytes is None or txt_bytes is None:
+        return None
+    rj, dj = parse_reward(json_bytes, None)
+    rt, dt = parse_reward(None, txt_bytes)
+    if rj is not None and rt is not None and math.isclose(rj, rt, rel_tol=1e-9, abs_tol=1e-9):
+        return None
+    return (f"{REWARD_JSON} and {REWARD_TXT} disagree ({rj if rj is not None else dj['error']} vs "
+            f"{rt if rt is not None else dt['error']}): fail-closed")
+
+
 def _replay(sb: Any, messages: list[Message]) -> int:
     """Run the episode's tool calls again, in order, in `sb`; the number that ran (undecodable ones are skipped, as
     the loop never ran them either)."""
@@ -525,8 +549,8 @@ def verify_harbor(task: Task, messages: list[Message], agent_sandbox: Any,
         if code != 0:
             raise SandboxError(f"preparing /logs/verifier failed: {out[-300:]}")
         put_tree(vsb, "/tests", {rel: base64.b64decode(b) for rel, b in h["tests"].items()})
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in h["verifier_env"].items())
-        cmd = (f"chmod +x /tests/test.sh 2>/dev/null; {'export ' + exports + '; ' if exports else ''}"
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**GRADER_ENV, **h["verifier_env"]}.items())
+        cmd = (f"chmod +x /tests/test.sh 2>/dev/null; unset {' '.join(GRADER_UNSET)}; export {exports}; "
                f"/tests/test.sh > {TEST_STDOUT} 2>&1")
         res = vsb.exec(["sh", "-c", cmd], timeout_s=h["verifier_timeout_s"])
         if res.verdict == "infra_error":
@@ -537,8 +561,13 @@ def verify_harbor(task: Task, messages: list[Message], agent_sandbox: Any,
         if res.verdict == "timeout":
             details["error"] = f"test.sh ran past [verifier] timeout_sec = {h['verifier_timeout_s']:g}s"
             return 0.0, False, details
-        reward, rd = parse_reward(get_file(vsb, REWARD_JSON), get_file(vsb, REWARD_TXT))
+        json_bytes, txt_bytes = get_file(vsb, REWARD_JSON), get_file(vsb, REWARD_TXT)
+        reward, rd = parse_reward(json_bytes, txt_bytes)
         details.update(rd)
+        disagree = reward_files_disagree(json_bytes, txt_bytes)
+        if disagree:
+            details["error"] = disagree
+            return 0.0, False, details
     except (SandboxError, OSError) as e:
         raise VerifierUnavailable(f"the Harbor verifier of {task.id} could not run: {type(e).__name__}: {e}") from e
     finally:

@@ -13,9 +13,18 @@ the role; nothing here is imported on the host.
 - The isolated runner (`runner`) is for tests that cannot be split into calls: it makes itself non-dumpable
   (no ptrace, no /proc/<pid>/mem, fd or environ for other processes of its uid), reads the tests and a per-run
   secret from stdin, starts the call server as a child with fresh pipes (no descriptor of its own), and runs each
-  test in its own namespace where the solution's functions are proxies to that server and its plain globals are
-  decoded copies. It never imports the solution. Its one report line carries the secret; the host accepts it only
-  with that secret and exit status 0.
+  test in its own namespace: the real builtins, the task's own code (the pristine file at the solution's path, run
+  here: its helpers are the task's), and, from the solution, only the functions the tests are meant to call (the
+  entry points, and names the tests use that neither the task's code nor the builtins define) as proxies to that
+  server. A name the solution defines (`range`, `sorted`, a helper of the task) never reaches the tests otherwise;
+  no plain global of the solution is copied. What the solution raises reaches the test as SolutionRaised (a
+  builtin type keeps its type for `except`, but never as StopIteration, StopAsyncIteration or a BaseException-only
+  type, which a loop, `map`, `all` or a generator would take as control flow), and a call that failed (timeout, no
+  result, not plain data) is the test's result even when the test's code catches it. It never imports the
+  solution. Its one report line carries the secret; the host accepts it only with that secret and exit status 0.
+- Every path starts with a census (`census`): a process of this sandbox left by an earlier command (an orphan of
+  PID 1: a double fork, a daemon) or a tracer of the runner is reported, and the host then gives that path no
+  result (tasks/unittests.py also gives each path a fresh sandbox, so there is none to find).
 - Runner and server as different users where the backend allows (Docker): an exec as the sandbox user (nobody)
   runs `launch`, which starts a detached server listening on a Unix socket and returns; then an exec as another
   unprivileged uid (no capability either) runs the runner, which connects to it. The solution then cannot signal
@@ -86,6 +95,37 @@ def _source_line(path, lineno):
     return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
 
 
+def _builtin_base(cls):
+    """The name of the nearest builtin class of an exception type (a solution's `class E(ValueError)` travels as
+    ValueError); the runner decides what a test may catch of it."""
+    for c in cls.__mro__:
+        if c.__module__ == "builtins":
+            return c.__name__
+    return "BaseException"
+
+
+def census(exclude=()):
+    """Processes of this sandbox left by an earlier command: orphans (parent PID 1) other than `exclude`, as
+    [pid, comm] pairs. Every process a backend starts on its own (PID 1, a zygote or interpreter, an exec'd command)
+    is entered from outside the sandbox (parent 0) or is the child of one; a process whose parent is PID 1 was
+    left behind by a command that ended (a double fork, a daemon), so a judging path that sees one does not start."""
+    out = []
+    me = _os.getpid()
+    for d in _os.listdir("/proc"):
+        if not d.isdigit() or int(d) in (1, me) or int(d) in exclude:
+            continue
+        try:
+            with open("/proc/%s/stat" % d, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        head, _, tail = stat.rpartition(b")")
+        fields = tail.split()
+        if len(fields) >= 2 and fields[1] == b"1" and fields[0] != b"Z":
+            out.append([int(d), head.partition(b"(")[2].decode("utf-8", "replace")[:32]])
+    return sorted(out)
+
+
 def _place_files(files):
     workdir = "/tmp/fwjudge-" + _os.urandom(8).hex()
     _os.mkdir(workdir, 0o700)
@@ -100,8 +140,9 @@ def _place_files(files):
 
 
 class _Server:
-    def __init__(self, req, out_fd):
+    def __init__(self, req, out_fd, exclude=()):
         self.out_fd, self.token = out_fd, req["token"]
+        self.strays = census(exclude)  # before the solution is imported: what earlier commands left
         self.timeout_s = float(req["timeout_s"])
         workdir = _place_files(req["files"])
         _os.chdir(workdir)
@@ -127,21 +168,11 @@ class _Server:
         _write_all(self.out_fd, (_json.dumps(msg) + "\n").encode())
 
     def names(self):
-        """Public names of the module: callables (proxied by the runner) and plain values (copied)."""
-        out = {}
+        """The module's public callables: the runner proxies those of them its tests may call (plain values of the
+        module are never offered: the tests see the task's own code, not the solution's globals)."""
         if self.module is None:
-            return out
-        for k, v in list(vars(self.module).items()):
-            if k.startswith("_"):
-                continue
-            if callable(v):
-                out[k] = ["callable"]
-                continue
-            try:
-                out[k] = ["value", encode(v)]  # noqa: F821 - plaindata's encode, concatenated before this file
-            except Exception:  # noqa: BLE001 - a module global that is not plain data is simply not offered
-                pass
-        return out
+            return []
+        return sorted(k for k, v in list(vars(self.module).items()) if not k.startswith("_") and callable(v))
 
     def call(self, i, func, args, kwargs):
         if self.module is None:
@@ -217,7 +248,7 @@ class _Server:
             return {"status": "error", "error": "SystemExit(%r) raised during the call" % (e.code,),
                     "exc": "SystemExit", "events": ["system_exit"]}
         except BaseException as e:  # noqa: BLE001 - the solution's exception is the call's result
-            return {"status": "error", "error": _tb(e), "exc": type(e).__name__}
+            return {"status": "error", "error": _tb(e), "exc": _builtin_base(type(e))}
         try:
             return {"status": "ok", "value": encode(value)}  # noqa: F821
         except NotPlainData as e:  # noqa: F821
@@ -230,7 +261,7 @@ def _serve_on(in_fd, out_fd):
     reader = _os.fdopen(in_fd, "rb")
     req = _json.loads(reader.readline())
     server = _Server(req, out_fd)
-    server.send({"kind": "ready", "error": server.import_error, "names": server.names()})
+    server.send({"kind": "ready", "error": server.import_error, "names": server.names(), "strays": server.strays})
     if req.get("mode") == "batch":
         for i, c in enumerate(req["calls"]):
             server.send(dict(server.call(i, c["func"], c["args"], c["kwargs"]), kind="call"))
@@ -278,7 +309,7 @@ def launch():
         null = _os.open(_os.devnull, _os.O_RDWR)
         for fd in (0, 1, 2):
             _os.dup2(null, fd)
-        _os.write(w, b"1")
+        _os.write(w, str(_os.getpid()).encode())  # the runner's census spares this server
         _os.close(w)
         lsock.settimeout(float(req["wait_s"]))
         try:
@@ -291,9 +322,10 @@ def launch():
         fd = conn.detach()
         _serve_on(_os.dup(fd), fd)
     _os.close(w)
-    ok = _os.read(r, 1) == b"1"
+    pid = _os.read(r, 16)
+    ok = pid.isdigit()
     _os.wait()
-    _sys.stdout.write(_json.dumps({"token": req["token"], "listening": ok}) + "\n")
+    _sys.stdout.write(_json.dumps({"token": req["token"], "listening": ok, "pid": int(pid) if ok else None}) + "\n")
     _sys.stdout.flush()
     _os._exit(0 if ok else 1)
 
@@ -302,11 +334,51 @@ def launch():
 
 
 class _CallFailed(Exception):
-    """A proxied call ended in an error of the server, a timeout or a value that is not plain data."""
+    """A proxied call ended in an error of the server, a timeout or a value that is not plain data. The test's
+    result is this failure even when the test's code catches it (it is recorded before it is raised)."""
 
     def __init__(self, status, error, events=()):
         self.status, self.events = status, list(events)
         super().__init__(error)
+
+
+class SolutionRaised(Exception):
+    """What the solution raised, carried across the proxy. A builtin exception keeps its type for the test's
+    `except` clauses (a class derived from it and from this one), except the types a language construct treats as
+    control flow: StopIteration and StopAsyncIteration (which end a loop, a `map`, `all` or a generator silently)
+    and the BaseException-only ones (SystemExit, KeyboardInterrupt, GeneratorExit) arrive as this class alone."""
+
+
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)
+_CARRIERS = {}
+
+
+def _solution_error(name, text):
+    """The exception a proxy raises for the solution's builtin exception `name` with the error text `text`."""
+    exc = getattr(_builtins, str(name), None)
+    if isinstance(exc, type) and issubclass(exc, Exception) and not issubclass(exc, _CONTROL_FLOW):
+        for base in exc.__mro__:
+            if base is Exception or not issubclass(base, Exception):
+                break
+            try:
+                carrier = _CARRIERS.get(base)
+                if carrier is None:
+                    carrier = _CARRIERS[base] = type(base.__name__, (base, SolutionRaised),
+                                                     {"__module__": "builtins"})
+                return carrier(text)
+            except TypeError:  # a type whose constructor takes other arguments (UnicodeDecodeError): its base
+                continue
+    return SolutionRaised("%s raised by the solution: %s" % (name, text))
+
+
+def _own_module(name, source):
+    """The task's own code (the pristine file at the solution's path) as module `name`, run here with the real
+    builtins: the helpers the tests call (HumanEval/32's `poly`) are the task's, never the solution's."""
+    mod = _types.ModuleType(name)
+    mod.__dict__["__builtins__"] = _builtins
+    if source:
+        exec(compile(source, "<the task's own %s>" % name, "exec"), mod.__dict__)
+    return mod
 
 
 def runner():
@@ -321,7 +393,7 @@ def runner():
     req = _json.loads(_sys.stdin.buffer.read())
     secret, token, timeout_s = req.pop("secret"), req["token"], float(req["timeout_s"])
     proc = sock = None
-    server_uid = None
+    server_uid = server_pid = None
     start_error = None
     if req.get("connect"):
         # uid split (Docker): the server was started by an earlier exec as the sandbox user; this runner runs as
@@ -334,13 +406,23 @@ def runner():
             import struct
 
             _, server_uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            server_pid = req.get("server_pid")  # the launch's report: the server is an orphan of PID 1 by design
         except OSError as e:
             start_error = "cannot reach the solution's server: %s" % e
         out = sock.fileno()
 
         def send(data):
             sock.sendall(data)
-    else:
+    # before the solution's server imports anything: no process of an earlier command alive, none tracing us
+    strays = census(exclude=(server_pid,) if isinstance(server_pid, int) else ())
+    try:
+        with open("/proc/self/status", "rb") as f:
+            traced = [ln for ln in f.read().splitlines() if ln.startswith(b"TracerPid:")]
+        if traced and traced[0].split()[1:] != [b"0"]:
+            strays.append([-1, "tracer of the runner: " + traced[0].decode("ascii", "replace")])
+    except OSError:
+        pass
+    if not req.get("connect"):
         # one uid (the local backend): the server is this runner's child, on fresh pipes
         import subprocess
 
@@ -375,16 +457,19 @@ def runner():
     header = {"mode": "serve", "token": token, "files": req["files"], "module": req["module"],
               "timeout_s": timeout_s}
     results = []
+    callables = []
     try:
         if start_error:
             raise _CallFailed("error", start_error)
         send((_json.dumps(header) + "\n").encode())
         ready = reply(_time.monotonic() + timeout_s + 5)
         import_error = ready.get("error")
-        names = ready.get("names") or {}
+        callables = [str(n) for n in ready.get("names") or [] if isinstance(n, str)]
+        strays += [s for s in ready.get("strays") or [] if isinstance(s, list)]
     except (_CallFailed, OSError, ValueError) as e:
-        import_error, names = "the solution's server did not start: %s" % e, {}
+        import_error = "the solution's server did not start: %s" % e
     counter = [0]
+    failures = []  # the current test's failed calls: the test's result whatever its code caught
 
     def proxy(name):
         def call(*args, **kwargs):
@@ -393,38 +478,53 @@ def runner():
                 a, kw = encode(list(args)), encode(dict(kwargs))  # noqa: F821
             except NotPlainData as e:  # noqa: F821
                 raise _CallFailed("error", "an argument to %s is not plain data: %s" % (name, e)) from None
-            send((_json.dumps({"i": counter[0], "func": name, "args": a, "kwargs": kw}) + "\n").encode())
-            msg = reply(_time.monotonic() + timeout_s + 5)
+            try:
+                send((_json.dumps({"i": counter[0], "func": name, "args": a, "kwargs": kw}) + "\n").encode())
+                msg = reply(_time.monotonic() + timeout_s + 5)
+            except _CallFailed as e:
+                failures.append(e)
+                raise
+            except (OSError, ValueError) as e:
+                failures.append(_CallFailed("no_result", "the solution's server failed: %s" % e))
+                raise failures[-1] from None
             events.extend(str(e) for e in msg.get("events") or [])
             status = msg.get("status")
             if status == "ok":
                 return decode(msg.get("value"))  # noqa: F821
             if status == "error" and msg.get("exc") and msg.get("exc") != "SystemExit":
-                exc = getattr(_builtins, str(msg["exc"]), None)
-                if isinstance(exc, type) and issubclass(exc, Exception):
-                    raise exc(msg.get("error"))  # the test may expect this exception
-            raise _CallFailed("fail" if status == "not_plain" else
-                              status if status in ("timeout", "no_result") else "error", msg.get("error"))
+                raise _solution_error(msg["exc"], msg.get("error"))  # the test may expect this exception
+            failures.append(_CallFailed("fail" if status == "not_plain" else
+                                        status if status in ("timeout", "no_result") else "error", msg.get("error")))
+            raise failures[-1]
         call.__name__ = name
         return call
 
-    fake = _types.ModuleType(req["module"])
-    for k, v in names.items():
-        if v and v[0] == "callable":
-            setattr(fake, k, proxy(k))
-        elif v and v[0] == "value":
-            try:
-                setattr(fake, k, decode(v[1]))  # noqa: F821
-            except ValueError:
-                pass
-    _sys.modules[req["module"]] = fake
+    own_error = None
+    try:
+        own = _own_module(req["module"], req.get("own_source") or "")
+    except BaseException as e:  # noqa: BLE001 - the task's own code must run; if it does not, nothing passes
+        own, own_error = _types.ModuleType(req["module"]), "the task's own code failed in the runner: %s" % _tb(e)
+    entries = set(req.get("entry_points") or [])
+    offered = set(callables)
+    for name in req.get("call_names") or []:
+        # the functions the tests are meant to call: the entry points, and names the tests use that neither the
+        # task's own code nor the builtins define
+        if name in offered and (name in entries or (name not in vars(own) and not hasattr(_builtins, name))):
+            setattr(own, name, proxy(name))
+    _sys.modules[req["module"]] = own
     for t in req["tests"]:
         events = []
+        del failures[:]
         res = {"name": t["name"], "status": "pass", "error": None}
-        if import_error:
-            res.update(status="error", error=import_error)
+        if strays:
+            res.update(status="no_result", error="processes of an earlier command were alive when the isolated "
+                                                 "path started: %s" % (strays[:5],))
+            events.append("process_alive")
+        elif own_error or import_error:
+            res.update(status="error", error=own_error or import_error)
         else:
-            ns = {"__name__": "__flywheel_test__", **{k: getattr(fake, k) for k in vars(fake) if not k.startswith("_")}}
+            ns = {"__name__": "__flywheel_test__", "__builtins__": _builtins,
+                  **{k: v for k, v in vars(own).items() if not (k.startswith("__") and k.endswith("__"))}}
             try:
                 exec(compile(t["code"], "<test " + t["name"] + ">", "exec"), ns)
             except _CallFailed as e:
@@ -433,6 +533,8 @@ def runner():
                 res.update(status="fail", error=_tb(e))
             except BaseException as e:  # noqa: BLE001 - the test's own error
                 res.update(status="error", error=_tb(e))
+            if failures and res["status"] == "pass":  # the test caught a failed call: the call's failure stands
+                res.update(status=failures[0].status, error="%s (caught by the test)" % failures[0])
         res["events"] = events
         results.append(res)
     if proc is not None:
@@ -453,6 +555,6 @@ def runner():
         sock.close()
     split = server_uid is not None and server_uid != _os.getuid()
     _sys.stdout.write(MARKER + " " + _json.dumps({"token": token, "secret": secret, "guarded": guarded,
-                                                  "uid_split": split, "results": results}) + "\n")
+                                                  "uid_split": split, "strays": strays, "results": results}) + "\n")
     _sys.stdout.flush()
     _os._exit(0)

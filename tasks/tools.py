@@ -49,6 +49,9 @@ CODE_TOOLS = ["write_file", "read_file", "run_tests", "python"]
 
 OBSERVATION_LIMIT = 2000  # characters of tool output shown to the model
 SNAPSHOT_TEXT_LIMIT = 65536  # bytes of one file's text kept in a workspace snapshot
+# bytes of a Python source file's text kept: the judge copies the solution's modules from the snapshot, so a helper
+# module of the solution must travel whole (a 64 KB cut made a correct solution fail with ModuleNotFoundError)
+SOURCE_TEXT_LIMIT = 4 * 1024 * 1024
 RUNNER_MARKER = "__FLYWHEEL_TESTS__"
 
 
@@ -209,7 +212,7 @@ class WorkspaceSnapshot(BaseModel):
 
 _SNAPSHOT = r'''
 import hashlib, json, os, sys
-limit = int(sys.argv[1]); out = {}; n = 0
+limit, source_limit = int(sys.argv[1]), int(sys.argv[2]); out = {}; n = 0
 for root, dirs, files in os.walk(".", followlinks=False):
     dirs[:] = sorted(d for d in dirs if d != "__pycache__")
     for fn in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
@@ -225,7 +228,7 @@ for root, dirs, files in os.walk(".", followlinks=False):
         except OSError as e:
             out[rel] = {"sha256": None, "size": 0}; continue
         st = {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)}
-        if len(b) <= limit:
+        if len(b) <= (source_limit if fn.endswith(".py") else limit):
             try:
                 st["text"] = b.decode("utf-8")
             except UnicodeDecodeError:
@@ -249,7 +252,8 @@ def workspace_snapshot(sandbox: Sandbox) -> WorkspaceSnapshot:
     then fails closed) rather than an exception.
     """
     try:
-        res = sandbox.exec(["python3", "-I", "-c", _SNAPSHOT, str(SNAPSHOT_TEXT_LIMIT)], timeout_s=30.0)
+        res = sandbox.exec(["python3", "-I", "-c", _SNAPSHOT, str(SNAPSHOT_TEXT_LIMIT), str(SOURCE_TEXT_LIMIT)],
+                           timeout_s=30.0)
     except SandboxError as e:
         return WorkspaceSnapshot(error=f"snapshot failed: {type(e).__name__}: {e}")
     for line in reversed(res.stdout.splitlines()):
@@ -263,6 +267,11 @@ def workspace_snapshot(sandbox: Sandbox) -> WorkspaceSnapshot:
                                    f"{(res.stderr or res.error or '')[-300:]}")
 
 
+def text_limit(path: str) -> int:
+    """Bytes of a file's text a snapshot keeps: SOURCE_TEXT_LIMIT for Python sources, else SNAPSHOT_TEXT_LIMIT."""
+    return SOURCE_TEXT_LIMIT if path.endswith(".py") else SNAPSHOT_TEXT_LIMIT
+
+
 def pristine_snapshot(files: dict[str, str]) -> WorkspaceSnapshot:
     """The snapshot a workspace would give right after `prepare_workspace(files)`."""
     import hashlib
@@ -271,5 +280,5 @@ def pristine_snapshot(files: dict[str, str]) -> WorkspaceSnapshot:
     for k, v in files.items():
         b = v.encode()
         out[k] = FileState(sha256=hashlib.sha256(b).hexdigest(), size=len(b),
-                           text=v if len(b) <= SNAPSHOT_TEXT_LIMIT else None)
+                           text=v if len(b) <= text_limit(k) else None)
     return WorkspaceSnapshot(files=out)

@@ -1,15 +1,19 @@
 """Run a task's unit tests fail-closed in a FRESH sandbox, where the judge never runs beside the solution.
 
-`run_unit_tests` acquires a new sandbox and judges the agent's solution files (never its test files) against the
-task's pristine visible and hidden tests on one of two paths, chosen per test:
+`run_unit_tests` judges the agent's solution files (never its test files) against the task's pristine visible and
+hidden tests on one of two paths, chosen per test, each path in a fresh sandbox of its own (the first closed, every
+process of it killed, before the second is acquired; each path's census refuses to judge beside a process an
+earlier command left):
 - data (tasks/testsplit.py): a test made of asserts over calls with constant arguments is split on the host; the
   sandbox only evaluates the calls (tasks/judgebox.py's call server, a fork per call after one import) and sends
   each result back in plaindata's strict encoding; the host decodes plain values and evaluates the asserts. The
   expected values never enter the sandbox, so there is nothing in it to forge.
 - isolated: any other test runs in judgebox's runner, a non-dumpable process that never imports the solution and
-  reaches it only through proxies to a call server; its report counts only with the per-run secret the host gave
-  it and exit status 0. On Docker the runner runs as another uid than the server and the solution (RUNNER_USER),
-  so they cannot signal, ptrace or read it; the local backend has one uid (each result's `isolation` says which).
+  reaches it only through proxies to a call server; the tests see the real builtins, the task's own code and, of
+  the solution, only the functions they are meant to call (tasks/testnames.py); its report counts only with the
+  per-run secret the host gave it and exit status 0. On Docker the runner runs as another uid than the server and
+  the solution (RUNNER_USER), so they cannot signal, ptrace or read it; the local backend has one uid (each
+  result's `isolation` says which).
 Anything short of one result per test (no report, a bad token or secret, an empty test list, a harness timeout)
 is a failure, never a pass. Infrastructure failures raise VerifierUnavailable. `replay_workspace` rebuilds an
 agent's final workspace from its tool calls when only the messages are at hand: on the host when the episode only
@@ -23,6 +27,7 @@ import dataclasses
 import json
 import posixpath
 import secrets
+from collections.abc import Callable
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandbox.result import Backend, Sandbox, SandboxError
-from tasks import plaindata, testsplit
+from tasks import plaindata, testnames, testsplit
 from tasks.spec import Task
 from tasks.tools import (
     ToolArgumentError,
@@ -212,6 +217,12 @@ def _data_path(sandbox: Sandbox, task: Task, files: dict[str, str], plans: dict[
                                               f"{res.exit_code}): {(res.stderr or '')[-300:]}")
             out[ti] = r
             continue
+        if ready[0].get("strays"):  # a fresh sandbox has none: something is wrong with the sandbox, never a pass
+            r.status, r.error = "no_result", ("processes of an earlier command were alive when the data path "
+                                              f"started: {str(ready[0]['strays'])[:300]}")
+            r.events.append("process_alive")
+            out[ti] = r
+            continue
         results: dict[int, Any] = {}
         for k in range(len(pl.calls)):
             got = by_call.get(offset[ti] + k, [])
@@ -262,14 +273,24 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
     token, secret = secrets.token_hex(16), secrets.token_hex(32)
     timeout = task.verifier.timeout_s
     budget = len(which) * (4 * timeout + 5.0) + 15.0
-    req: dict[str, Any] = {"token": token, "secret": secret, "files": files,
-                           "module": _module_name(task.verifier.solution_path), "timeout_s": timeout,
-                           "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which]}
+    module = _module_name(task.verifier.solution_path)
+    own = task.files.get(task.verifier.solution_path, "")
+    entries = tuple(sorted(set(_entry_points(task)) | set(testnames.stubs(own))))
+    req: dict[str, Any] = {"token": token, "secret": secret, "files": files, "module": module, "timeout_s": timeout,
+                           "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which],
+                           # the tests see the task's own code (the pristine file) and, of the solution, only
+                           # proxies of the functions they are meant to call (tasks/testnames.py)
+                           "own_source": own,
+                           "entry_points": list(entries),
+                           "call_names": testnames.call_names([tests[i][1] for i in which], module, entries)}
     split = sandbox.backend in UID_SPLIT_BACKENDS
     if split:  # the server starts detached as the sandbox user; the runner connects to it as RUNNER_USER
         folder = f"/tmp/fwjudge-{token}"
-        _exec(sandbox, "launch", {"token": token, "folder": folder, "wait_s": budget}, 15.0)
+        launched = _replies(_exec(sandbox, "launch", {"token": token, "folder": folder, "wait_s": budget},
+                                  15.0).stdout, token)
         req["connect"] = folder + "/s"  # a server that did not start: the runner says so, every test errors
+        if launched and isinstance(launched[0].get("pid"), int):
+            req["server_pid"] = launched[0]["pid"]  # the one orphan the runner's census expects
     else:
         req["server_source"] = _source("serve")
     res = _exec(sandbox, "runner", req, budget, user=RUNNER_USER if split else None)
@@ -284,13 +305,18 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
     ok = (isinstance(report, dict) and secrets.compare_digest(str(report.get("secret")), secret)
           and report.get("token") == token and res.exit_code == 0 and isinstance(report.get("results"), list)
           and len(report["results"]) == len(which))
+    alive = ok and bool(report.get("strays"))
+    if alive:  # the runner refuses to judge then; the host does not take its word for it either
+        ok, res = False, res.model_copy(update={"stderr": "processes of an earlier command were alive when the "
+                                                           f"isolated path started: {str(report['strays'])[:300]}"})
     out: dict[int, TestResult] = {}
     for k, ti in enumerate(which):
         name, _, hidden = tests[ti]
         if not ok:
             out[ti] = TestResult(name=name, hidden=hidden, status="no_result", strength="isolated",
                                  error=f"no valid report from the isolated runner (verdict {res.verdict}, exit "
-                                       f"{res.exit_code}): {(res.stderr or '')[-300:]}")
+                                       f"{res.exit_code}): {(res.stderr or '')[-300:]}",
+                                 events=["process_alive"] if alive else [])
             continue
         raw = report["results"][k]
         status = str(raw.get("status")) if isinstance(raw, dict) else "error"
@@ -306,7 +332,8 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
 
 
 def run_unit_tests(task: Task, files: dict[str, str], backend: Backend) -> TestRun:
-    """Visible then hidden tests of `task` against `files` (the agent's code) in one fresh sandbox."""
+    """Visible then hidden tests of `task` against `files` (the agent's code): each judging path (data, isolated)
+    in a fresh sandbox of its own, the first closed before the second starts."""
     tests = ([(f"visible_{i}", c, False) for i, c in enumerate(task.visible_tests, 1)]
              + [(f"hidden_{i}", c, True) for i, c in enumerate(task.hidden_tests, 1)])
     if not tests:
@@ -315,28 +342,42 @@ def run_unit_tests(task: Task, files: dict[str, str], backend: Backend) -> TestR
         return TestRun(expected=len(tests), harness_error=f"{task.verifier.solution_path} is missing from the "
                                                           "workspace")
     module = _module_name(task.verifier.solution_path)
-    entry = task.metadata.get("entry_point")
-    entries = (entry,) if isinstance(entry, str) and entry else ()
+    entries = _entry_points(task)
     plans = {}
     for i, (_, code, _) in enumerate(tests):
         pl = _plan(code, module, entries)
         if pl is not None:
             plans[i] = pl
     isolated = [i for i in range(len(tests)) if i not in plans]
+    done: dict[int, TestResult] = {}
+    # one fresh sandbox per judging path, the first closed before the second is acquired: no process the data
+    # path's import of the solution left (a daemon) is alive when the isolated runner starts; each path's census
+    # checks it (judgebox.census)
+    if plans:
+        done.update(_in_fresh_sandbox(backend, lambda sb: _data_path(sb, task, files, plans, tests)))
+    if isolated:
+        done.update(_in_fresh_sandbox(backend, lambda sb: _isolated_path(sb, task, files, isolated, tests)))
+    return TestRun(expected=len(tests), results=[done[i] for i in range(len(tests))])
+
+
+def _entry_points(task: Task) -> tuple[str, ...]:
+    entry = task.metadata.get("entry_point")
+    return (entry,) if isinstance(entry, str) and entry else ()
+
+
+def _in_fresh_sandbox(backend: Backend, path: Callable[[Sandbox], dict[int, TestResult]]) -> dict[int, TestResult]:
+    """One judging path in a sandbox of its own, closed (every process of it killed) before this returns."""
     try:
         sandbox = backend.acquire()
     except SandboxError as e:
         raise VerifierUnavailable(f"cannot acquire a sandbox for the tests: {type(e).__name__}: {e}") from e
     try:
-        done = _data_path(sandbox, task, files, plans, tests) if plans else {}
-        if isolated:
-            done.update(_isolated_path(sandbox, task, files, isolated, tests))
+        return path(sandbox)
     finally:
         try:
             sandbox.close()
         except SandboxError:
             pass
-    return TestRun(expected=len(tests), results=[done[i] for i in range(len(tests))])
 
 
 _FILE_ONLY_TOOLS = frozenset({"write_file", "read_file"})

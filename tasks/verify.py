@@ -27,11 +27,12 @@ from tasks.answers import extract_answer, numbers_match
 from tasks.forensics import FORENSICS_VERSION, hack_flags, inspect_episode
 from tasks.rewards import RewardConfig, combine, process_terms
 from tasks.spec import Task
-from tasks.tools import SNAPSHOT_TEXT_LIMIT, WorkspaceSnapshot
+from tasks.tools import WorkspaceSnapshot, text_limit
 from tasks.unittests import (
     TestRun,
     VerifierError,
     VerifierUnavailable,
+    is_test_path,
     replay_workspace,
     run_unit_tests,
     solution_files,
@@ -41,9 +42,11 @@ from warehouse.record import Message
 __all__ = ["Outcome", "verify", "verify_numeric", "VerifierError", "VerifierUnavailable", "VERIFIER_VERSIONS"]
 
 NUMERIC_VERIFIER_VERSION = "2"  # 2: markdown answers (**Answer:** 270) count
-UNIT_TESTS_VERIFIER_VERSION = "2"  # 2: the data and isolated paths
+# 2: the data and isolated paths; 3: the isolated tests see the task's own code and the real builtins, no
+# control-flow exception crosses a proxy, a fresh sandbox per judging path, Python sources kept up to 4 MiB
+UNIT_TESTS_VERIFIER_VERSION = "3"
 VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
-                     "llm_judge": "1", "harbor": "1", "bfcl": "1"}
+                     "llm_judge": "1", "harbor": "2", "bfcl": "1"}
 class Outcome(BaseModel):
     verdict: str = Field(description="pass, fail or hack (the loop sets model_error/timeout/infra_error).")
     reward: float
@@ -86,10 +89,15 @@ def _verify_unit_tests(task: Task, messages: list[Message], backend: Backend | N
     elif backend is None:
         raise VerifierUnavailable(f"task {task.id} needs a sandbox backend to run its tests; pass backend=")
     elif (st := workspace.files.get(task.verifier.solution_path)) is not None and st.text is None:
-        details["error"] = (f"{task.verifier.solution_path} is not UTF-8 text of at most {SNAPSHOT_TEXT_LIMIT} "
-                            "bytes (or is a symlink); it cannot be tested")
+        details["error"] = (f"{task.verifier.solution_path} is not UTF-8 text of at most "
+                            f"{text_limit(task.verifier.solution_path)} bytes (or is a symlink); it cannot be tested")
     else:
-        run = run_unit_tests(task, solution_files(task, workspace), backend)
+        files = solution_files(task, workspace)
+        left = sorted(p for p, st in workspace.files.items() if p not in files and st.text is None
+                      and st.symlink is None and not is_test_path(p) and not p.endswith((".pyc", ".pyo")))
+        if left:  # said, not hidden: an import of one of them fails in the judge
+            details["files_left_out"] = left
+        run = run_unit_tests(task, files, backend)
         details.update(run.counts())
         details["tests"] = [r.model_dump() for r in run.results]
         if run.harness_error:

@@ -73,6 +73,7 @@ NOT_KNOWN_ERRORS = {
     ("warehouse.viewer", "ViewError"): "rendered by flows/view.py as an error page with its HTTP status",
     ("tasks.plaindata", "NotPlainData"): "inside the judge's sandbox: becomes an 'error' call result",
     ("tasks.judgebox", "_CallFailed"): "inside the judge's sandbox: becomes an 'error' call result",
+    ("tasks.judgebox", "SolutionRaised"): "inside the judge's sandbox: the solution's exception, raised to a test",
     ("tasks.testsplit", "_NoSplit"): "a test that cannot be split runs on the isolated path instead",
     ("tasks.loaders", "_FieldError"): "collected into TaskFileError, which is known",
     ("tasks.tools", "ToolArgumentError"): "a model's bad tool call: recorded as a model_error verdict on the row",

@@ -22,6 +22,7 @@ from curate.curriculum import plan_curriculum
 from curate.health import UNHEALTHY_VERIFIER, unhealthy_reason
 from curate.stage import SELECTED, curate
 from tasks import arithmetic
+from tasks.verify import UNIT_TESTS_VERIFIER_VERSION
 from tests.conftest import FLYWHEEL, ROOT
 from tests.curate.test_curate import row
 from warehouse.lake import write_rows, write_trajectories
@@ -59,7 +60,7 @@ def test_humaneval_subset_audit_prints_the_figures_and_lands_in_the_lake(tmp_pat
     for x in lake:
         want = by_id[x["task_id"]]
         assert (x["task_version"], x["verifier_version"], x["oracle_pass"], x["null_pass"]) == \
-            ("1", "2", True, False)
+            ("1", UNIT_TESTS_VERIFIER_VERSION, True, False)
         assert x["mutant_kill_rate"] == pytest.approx(want["mutant_kill_rate"]) and x["wall_s"] > 0
 
 
