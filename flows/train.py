@@ -138,8 +138,8 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
 
 @task(name="mismatch", log_prints=False)
 def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[str, Any]) -> dict[str, Any]:
-    """The mismatch panel of the round's student rollouts (their stored logprobs) against the student's checkpoint
-    recomputed as the trainer sees it; its figures land in the rounds table (subject 'mismatch') and `refused`
+    """The mismatch panel of the round's rollouts of the student's checkpoint (their stored logprobs) against that
+    checkpoint recomputed as the trainer sees it; its figures land in the rounds table (subject 'mismatch') and `refused`
     lists the thresholds (cfg.mismatch) it crosses."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,8 +147,13 @@ def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[s
     from warehouse.lake import write_rows
     from warehouse.query import read_trajectories
 
+    from agents.transformers_policy import checkpoint_version
+
     timer = StageTimer()
-    rows = read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND source = 'student'", [run_id, round])
+    # the rollouts of this checkpoint only: the round's other student rows (the candidates' held-out episodes,
+    # GRPO's own) came from other checkpoints when the incumbent was kept or another candidate was scored
+    rows = read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND source = 'student' AND model_version = ?",
+                             [run_id, round, checkpoint_version(student["path"])])
     tok = AutoTokenizer.from_pretrained(student["path"])
     model = AutoModelForCausalLM.from_pretrained(student["path"]).eval()
     try:

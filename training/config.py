@@ -173,8 +173,10 @@ class MismatchThresholds(BaseModel):
                                              "whose median reaches 1.1.")
     max_mean_abs_logp_diff: float = Field(default=0.1, ge=0, description="Refuse above this mean |trainer - "
                                           "rollout| log-probability per token (nats).")
-    min_pearson: float = Field(default=0.9, ge=-1, le=1, description="Refuse below this Pearson correlation of "
-                               "trainer and rollout log-probabilities.")
+    min_pearson: float = Field(default=-1.0, ge=-1, le=1, description="Refuse below this Pearson correlation of "
+                               "trainer and rollout log-probabilities; -1: never (the default: a confident student's "
+                               "log-probabilities sit near 0 with little spread, so the correlation is low while "
+                               "every token agrees; the panel still reports it).")
     max_clip_fraction: float = Field(default=0.0, ge=0, le=1, description="Refuse above this clip fraction of the "
                                      "first on-policy mini-batch (it must be 0; more is the MoE symptom).")
 
