@@ -63,21 +63,14 @@ class SFTConfig(BaseModel):
                                          "default is on): worth it for large models, ~30% slower for tiny ones.")
     late_sources: list[str] = Field(default=[], description="Sources (the record's `source`: human, teacher, "
                                     "student) whose rows train only in a last phase of late_steps steps, mixed with "
-                                    "all the others; the first phase trains on the others alone. [] trains on one "
-                                    "shuffled mix. The offline default sets ['human'] (flows/config.py): mixed in "
-                                    "from the start, the from-memory demos either left GRPO no job (2,000 steps) or "
-                                    "stalled SFT (600 steps: 0.33 greedy pass@1 in one run); in the last 150 steps "
-                                    "they kept greedy at 0.89 in round 1 and left sampled episodes that skip the "
-                                    "tool, which GRPO corrected (+0.14..+0.26 held-out sampled pass@1 per round).")
+                                    "all the others; the first phase trains on the others alone. [] (the default) "
+                                    "trains on one shuffled mix.")
     late_steps: int = Field(default=150, gt=0, description="Optimiser steps of the last phase (late_sources only); "
                             "they count within max_steps, which must be larger.")
     late_learning_rate: float = Field(default=2e-3, gt=0, description="Peak learning rate of the last phase, with "
                                       "its own warm-up and schedule (late_sources only).")
     late_max_share: float = Field(default=0.3, gt=0, le=1, description="At most this share of the last phase's "
-                                  "examples comes from late_sources (a seeded sample of them when there are more). "
-                                  "Measured in a whole run: round 2's snapshot reused 1,203 from-memory demos beside "
-                                  "813 other rows (60%), and 150 steps of that took the SFT student to 0.09 greedy "
-                                  "pass@1; round 1's 26% kept it at 0.89.")
+                                  "examples comes from late_sources (a seeded sample of them when there are more).")
 
     def late_phase_problem(self, key: str, steps: int | None) -> str | None:
         """Why a round of `steps` SFT steps (named by config key `key`) cannot hold the late phase; None when it
