@@ -88,8 +88,8 @@ def incumbent_metrics(cfg: FlywheelConfig, run_id: str, incumbent: dict[str, Any
 
 
 @task(name="promotion", **ENDPOINT_RETRIES)
-def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, Any], grpo: dict[str, Any] | None,
-                  incumbent: dict[str, Any]) -> dict[str, Any]:
+def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, Any] | None,
+                  grpo: dict[str, Any] | None, incumbent: dict[str, Any]) -> dict[str, Any]:
     """The round's promotion. Scores the round's checkpoints on the held-out split (greedy pass@1; sampled pass@1
     over flywheel.pass_k samples and pass@k when GRPO ran or pass_k > 1). With GRPO, the SFT-only control:
     flywheel.promote picks the candidate between SFT's and GRPO's checkpoints (training.promotion.choose_promotion;
@@ -98,10 +98,11 @@ def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, A
     held-out scores in the rounds table) by training.promotion.against_incumbent: the decision, its reason code and
     the per-suite deltas with their standard errors land in the rounds table (subject 'promotion', metrics
     incumbent_*), the reason in the log and the returned record (the ledger keeps it). Returns the checkpoint that
-    goes on (`promoted`: 'sft', 'grpo' or 'incumbent') with its held-out metrics."""
+    goes on (`promoted`: 'sft', 'grpo' or 'incumbent') with its held-out metrics. `sft` None: the round trained
+    no candidate (its snapshot was empty): the incumbent stays, code no_candidate."""
     from prefect import get_run_logger
 
-    from training.promotion import HeldoutScores, against_incumbent, choose_promotion
+    from training.promotion import HeldoutScores, against_incumbent, choose_promotion, no_candidate
     from warehouse.lake import write_rows
 
     timer = StageTimer()
@@ -109,7 +110,7 @@ def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, A
     logger = get_run_logger()
     metrics: list[dict[str, Any]] = []
     sampled = grpo is not None or fw.pass_k > 1
-    candidates = [("sft", sft)] + ([("grpo", grpo)] if grpo is not None else [])
+    candidates = ([("sft", sft)] if sft is not None else []) + ([("grpo", grpo)] if grpo is not None else [])
     with rollout_backend(cfg, []) as backend:
         for subject, ck in candidates:
             metrics += heldout_scores(cfg, ck["path"], f"student-r{round}-{subject}", run_id=run_id, round=round,
@@ -139,11 +140,17 @@ def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, A
     chosen = grpo if choice == "grpo" else sft
     cand_rows = [r for r in metrics if r["subject"] == choice]
     inc_rows = incumbent_metrics(cfg, run_id, incumbent)
-    d = against_incumbent(HeldoutScores.from_metrics(cand_rows), HeldoutScores.from_metrics(inc_rows),
-                          z=fw.incumbent_z)
-    (logger.info if d.promoted else logger.warning)(
-        "round %d %s: %s's checkpoint %s %s the incumbent %s: %s", round, d.code, choice, chosen["checkpoint_id"],
-        "replaces" if d.promoted else "does NOT replace", incumbent.get("checkpoint_id"), d.reason)
+    if chosen is None:
+        d = no_candidate(f"round {round}'s snapshot holds no example")
+        out = {"code": d.code, "reason": d.reason}
+        logger.warning("round %d %s: %s (%s)", round, d.code, d.reason, incumbent.get("checkpoint_id"))
+    else:
+        d = against_incumbent(HeldoutScores.from_metrics(cand_rows), HeldoutScores.from_metrics(inc_rows),
+                              z=fw.incumbent_z)
+        (logger.info if d.promoted else logger.warning)(
+            "round %d %s: %s's checkpoint %s %s the incumbent %s: %s", round, d.code, choice,
+            chosen["checkpoint_id"], "replaces" if d.promoted else "does NOT replace",
+            incumbent.get("checkpoint_id"), d.reason)
     rows += [m("incumbent_promoted", float(d.promoted)), m("incumbent_z", fw.incumbent_z),
              m(f"incumbent_reason:{d.code}", 1.0)]
     for delta in d.deltas:
@@ -156,11 +163,12 @@ def stage_control(cfg: FlywheelConfig, run_id: str, round: int, sft: dict[str, A
     rows.append(metric(run_id, round, "control", "stage", "-", "all", "wall_s", timer.s))
     write_rows(cfg.run.out, "rounds", metrics + rows)
     keys = ("stage", "split", "suite", "metric", "value")
-    if d.promoted:
+    if d.promoted and chosen is not None:
         goes_on, promoted, scored = chosen, choice, [{k: r[k] for k in keys} for r in cand_rows]
     else:
         goes_on, promoted, scored = incumbent, "incumbent", [{k: r[k] for k in keys} for r in inc_rows]
-    return {"promoted": promoted, "candidate": choice, "candidate_checkpoint_id": chosen["checkpoint_id"],
+    return {"promoted": promoted, "candidate": choice if chosen is not None else None,
+            "candidate_checkpoint_id": chosen["checkpoint_id"] if chosen is not None else None,
             "code": out.get("code", "sft_only"), "reason": out.get("reason", "no GRPO checkpoint: SFT's is the "
                                                                            "candidate"),
             "incumbent_code": d.code, "incumbent_reason": d.reason,

@@ -141,10 +141,14 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
         try:
             incumbent = student
             parent = incumbent if cfg.flywheel.sft_from == "incumbent" else base
-            sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=parent,
-                                                   snapshot_id=snap["snapshot_id"]))
-            grpo = None
-            if cfg.flywheel.grpo:
+            sft = grpo = None
+            if snap.get("n_selected") == 0:  # nothing new to learn: no candidate, the incumbent goes on
+                logger.warning("round %d: snapshot %s holds no example; no SFT or GRPO this round", r,
+                               snap["snapshot_id"])
+            else:
+                sft = _stage(ledger, r, "sft", partial(stage_sft, cfg=cfg, run_id=run_id, round=r, parent=parent,
+                                                       snapshot_id=snap["snapshot_id"]))
+            if cfg.flywheel.grpo and sft is not None:
                 grpo = _stage(ledger, r, "grpo", partial(stage_grpo, cfg=cfg, run_id=run_id, round=r, parent=sft))
                 if "skipped" in grpo:
                     logger.info("round %d GRPO skipped (%s): SFT's checkpoint is the candidate", r, grpo["skipped"])

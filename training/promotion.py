@@ -25,6 +25,7 @@ CANDIDATE_BETTER = "candidate_better"
 CANDIDATE_WORSE_ON_SUITE = "candidate_worse_on_suite"
 CANDIDATE_NOT_BETTER = "candidate_not_better"
 INCUMBENT_UNSCORED = "incumbent_unscored"
+NO_CANDIDATE = "no_candidate"
 
 
 class Promotion(BaseModel):
@@ -122,8 +123,8 @@ class IncumbentDecision(BaseModel):
     """Whether a round's candidate replaces the incumbent, and why."""
 
     promoted: bool
-    code: str = Field(description="candidate_better, candidate_worse_on_suite, candidate_not_better or "
-                                  "incumbent_unscored.")
+    code: str = Field(description="candidate_better, candidate_worse_on_suite, candidate_not_better, "
+                                  "incumbent_unscored or no_candidate.")
     reason: str
     deltas: list[SuiteDelta] = Field(default_factory=list)
 
@@ -177,3 +178,10 @@ def against_incumbent(candidate: HeldoutScores, incumbent: HeldoutScores, *, z: 
     return IncumbentDecision(promoted=True, code=CANDIDATE_BETTER, deltas=deltas,
                              reason=f"the candidate is better on the whole held-out set and not worse on any suite "
                                     f"beyond {z:g} standard errors ({nums})")
+
+
+def no_candidate(why: str) -> IncumbentDecision:
+    """The decision of a round that trained no candidate (`why`: its snapshot held no example): the incumbent
+    stays."""
+    return IncumbentDecision(promoted=False, code=NO_CANDIDATE, reason=f"{why}; no candidate was trained, the "
+                                                                       f"incumbent stays")

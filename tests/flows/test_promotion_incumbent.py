@@ -25,8 +25,9 @@ FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 RUN = "fw-bad-round"
 
 
-def _plant(root: Path) -> tuple[str, list]:
-    """The planted history; returns the incumbent's model folder and the held-out tasks."""
+def _plant(root: Path, *, empty: bool = False) -> tuple[str, list]:
+    """The planted history; returns the incumbent's model folder and the held-out tasks. `empty`: round 1's
+    snapshot holds no row (every new row was filtered out)."""
     from curate.mixing import write_snapshot
     from flows.config import load_config, save_config
     from flows.rollouts import heldout_tasks, schedule_train_tasks
@@ -68,10 +69,11 @@ def _plant(root: Path) -> tuple[str, list]:
             difficulty=t.difficulty, verifier="numeric", verifier_version="planted", messages=msgs,
             tools_json=json.dumps([TOOLS["python"]]), answer=wrong, reward=1.0, success=True, verdict="pass"))
     write_trajectories(str(root), bad)
-    sid, _ = write_snapshot(str(root), run_id=RUN, round=1, selected=[(r, 1.0) for r in bad], cfg_hash="planted",
+    selected = [] if empty else [(r, 1.0) for r in bad]
+    sid, _ = write_snapshot(str(root), run_id=RUN, round=1, selected=selected, cfg_hash="planted",
                             config_json="{}", counts={}, parent_snapshot_id=None)
     ledger.done(1, "teacher", {})
-    ledger.done(1, "curate", {"snapshot_id": sid})
+    ledger.done(1, "curate", {"snapshot_id": sid, "n_selected": len(selected)})
     return str(incumbent), heldout_tasks(cfg)
 
 
@@ -117,3 +119,34 @@ def test_a_planted_bad_round_is_refused_and_the_next_round_starts_from_the_incum
                    [RUN])
     assert [(r["round"], r["parent_id"]) for r in parents] == [(1, "incumbent-r0"), (2, "incumbent-r0")]
     assert "promotion.png" in {p.name for p in (root / "runs" / RUN / "report").glob("*.png")}
+
+
+def test_an_empty_snapshot_trains_no_candidate_and_the_incumbent_goes_on(tmp_path):
+    """A round whose snapshot holds no example (all of its new rows filtered out) is not a crash: no SFT or GRPO
+    runs, the promotion stage keeps the incumbent with code no_candidate, and the next round starts from it."""
+    root = tmp_path / "lake"
+    incumbent, _ = _plant(root, empty=True)
+    p = subprocess.run([FLYWHEEL, "run", "--resume", RUN, "--out", str(root)], check=False,
+                       capture_output=True, text=True, timeout=900)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-4000:]
+    stages = root / "runs" / RUN / "stages"
+    ctrl = json.loads((stages / "001-control.json").read_text())
+    assert ctrl["promoted"] == "incumbent" and ctrl["incumbent_code"] == "no_candidate"
+    assert ctrl["candidate"] is None and ctrl["path"] == incumbent
+    assert not (stages / "001-sft.json").exists()
+    assert "round 1: snapshot" in log and "holds no example" in log
+
+    from warehouse.query import query
+
+    decision = {r["metric"]: r["value"] for r in query(str(root), (
+        "SELECT metric, value FROM rounds WHERE run_id = ? AND round = 1 AND subject = 'promotion'"), [RUN]
+        ).to_pylist()}
+    assert decision == {"incumbent_promoted": 0.0, "incumbent_z": 2.0, "incumbent_reason:no_candidate": 1.0}
+    student = {r["suite"]: r["value"] for r in query(str(root), (
+        "SELECT suite, value FROM rounds WHERE run_id = ? AND round = 1 AND subject = 'student' "
+        "AND metric = 'pass@1' AND split = 'heldout'"), [RUN]).to_pylist()}
+    assert student == {"all": 1.0, "arithmetic-d1": 1.0, "arithmetic-d2": 1.0}
+    parents = query(str(root), "SELECT round, parent_id FROM checkpoints WHERE run_id = ? AND stage = 'sft'",
+                    [RUN]).to_pylist()
+    assert [(r["round"], r["parent_id"]) for r in parents] == [(2, "incumbent-r0")]
