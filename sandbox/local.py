@@ -319,7 +319,10 @@ class LocalSandbox:
         cfg, o = self.config, self._owner
         size = str(cfg.tmpfs_mb * 1024 * 1024)
         passwd, group = _memfd("passwd", PASSWD), _memfd("group", GROUP)
-        info_r, info_w = os.pipe()
+        # bwrap's --info-fd is a memfd, not a pipe: bwrap's parent writes the info and only then lets its child (the
+        # sandbox) go on, and a write into a pipe whose reader is gone (this process SIGKILLed during the start)
+        # would end bwrap's parent with SIGPIPE before that. A write into a memfd cannot fail that way.
+        info = _memfd("bwrap-info", "")
         args = [
             o.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--new-session",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
@@ -330,22 +333,22 @@ class LocalSandbox:
             "--size", size, "--tmpfs", WORKDIR,
             "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", WORKDIR, "--clearenv", *[x for k, v in SANDBOX_ENV.items() for x in ("--setenv", k, v)],
-            "--info-fd", str(info_w),
+            "--info-fd", str(info),
             "--", o.python, "-S", "-c", HOLDER_SOURCE, MARKER, _owner_arg(),
         ]
         args = [*o.host_prefix, *args]
         try:
             self._holder = subprocess.Popen(
                 args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(passwd, group, info_w), start_new_session=True)
+                pass_fds=(passwd, group, info), start_new_session=True)
         except OSError as e:
-            os.close(info_r)
+            os.close(info)
             raise SandboxUnavailable(f"cannot run {o.bwrap}: {e}; fix: apt-get install bubblewrap") from e
         finally:
-            for fd in (passwd, group, info_w):
+            for fd in (passwd, group):
                 os.close(fd)
         try:
-            self._await_holder(info_r)
+            self._await_holder(info)
         except BaseException:
             if self._holder.poll() is None:
                 self._holder.kill()
@@ -354,8 +357,9 @@ class LocalSandbox:
         self._holder.stdout.close()
         self._holder.stderr.close()
 
-    def _await_holder(self, info_r: int) -> None:
-        """Wait for PID 1's ready byte and read bwrap's info (the holder's host pid)."""
+    def _await_holder(self, info_fd: int) -> None:
+        """Wait for PID 1's ready byte and read bwrap's info (the holder's host pid; bwrap wrote it into the memfd
+        info_fd before its child could start PID 1, so it is whole once the ready byte came)."""
         assert self._holder.stdout is not None and self._holder.stderr is not None
         try:
             poller = select.poll()  # not select(): it fails on descriptors past 1024, which a busy host reaches
@@ -363,24 +367,43 @@ class LocalSandbox:
             ready = poller.poll(START_TIMEOUT_S * 1000)
             got = os.read(self._holder.stdout.fileno(), 1) if ready else b""
             if got != b"R":
-                self._holder.kill()
-                err = self._holder.stderr.read().decode(errors="replace").strip()
+                # bwrap's whole group (its parent, and its child while that still waits for the go-ahead: killed
+                # alone, the parent leaves it waiting forever), and our end of PID 1's stdin (PID 1, when it came up
+                # after the timeout, then exits). stderr is read only as far as it is there: PID 1 holds it open
+                # until it exits, and reading it to the end here hung a start that a loaded host made slow.
+                _killpg(self._holder)
+                self._holder.stdin.close()
+                err = self._read_available(self._holder.stderr.fileno()).decode(errors="replace").strip()
                 self._holder.wait()
                 raise SandboxUnavailable(
                     f"bubblewrap did not start a sandbox (exit {self._holder.returncode}): {err or 'no output'}; "
                     "fix: allow unprivileged user namespaces (sysctl user.max_user_namespaces=15000 and, on "
                     "Debian/Ubuntu, kernel.unprivileged_userns_clone=1 or the AppArmor userns restriction off)")
-            info = b""
-            while chunk := os.read(info_r, 4096):
-                info += chunk
+            info = os.pread(info_fd, 65536, 0)
         finally:
-            os.close(info_r)
+            os.close(info_fd)
         try:
             self.holder_pid = int(json.loads(info)["child-pid"])
             self._holder_fd = os.pidfd_open(self.holder_pid)  # signals reach this process, never a reused pid
             self._pidns = os.readlink(f"/proc/{self.holder_pid}/ns/pid")
         except (ValueError, KeyError, OSError) as e:
             raise SandboxError(f"bubblewrap gave no usable sandbox pid ({e}): {info[:200]!r}") from e
+
+    @staticmethod
+    def _read_available(fd: int, wait_s: float = 1.0, limit: int = 65536) -> bytes:
+        """What fd holds now (up to limit), waiting at most wait_s for the first byte; never blocks on a writer that
+        lives on."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        out = b""
+        timeout_ms = wait_s * 1000
+        while len(out) < limit and poller.poll(timeout_ms):
+            chunk = os.read(fd, limit - len(out))
+            if not chunk:
+                break
+            out += chunk
+            timeout_ms = 0
+        return out
 
     def _spec(self, exec_call: bool, timeout_s: float) -> str:
         mb = 1024 * 1024

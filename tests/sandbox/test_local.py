@@ -253,6 +253,47 @@ def test_sandbox_dies_with_its_owner(host, marker):
     assert not Path(f"/proc/{holder}").exists()
 
 
+def test_owner_killed_while_bwrap_starts_leaves_no_sandbox_process():
+    """A SIGKILL of the owner right after it started bwrap, before it read anything back (FAULT INJECTED: the child's
+    _await_holder kills its own process): within seconds no process of that sandbox remains (the start-time kill of
+    tests/flows/test_kill.py, made deterministic; random kill times: scripts/kill_during_start.py)."""
+    from sandbox.local import OWNER_ARG
+
+    script = textwrap.dedent("""
+        import os, signal
+        from sandbox.local import LocalBackend, LocalSandbox, _owner_arg
+        from sandbox.result import SandboxConfig
+        backend = LocalBackend(SandboxConfig(backend="local"), pool_size=0, prestart_interpreter=False)
+        print(_owner_arg(), flush=True)
+        def killed_owner(self, info_fd):  # FAULT: the owner dies the moment bwrap runs
+            os.kill(os.getpid(), signal.SIGKILL)
+        LocalSandbox._await_holder = killed_owner
+        backend.acquire()
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    arg = owner.stdout.readline().strip()
+    assert arg.startswith(OWNER_ARG)
+    assert owner.wait(timeout=60) == -signal.SIGKILL
+
+    def left() -> list[int]:
+        pids = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and arg.encode() in (d / "cmdline").read_bytes().split(b"\0") \
+                        and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+        return pids
+
+    deadline = time.monotonic() + 10
+    while (pids := left()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:  # the sandbox this test started: do not leave it to later tests
+        os.kill(pid, signal.SIGKILL)
+    assert pids == [], f"processes of the sandbox whose owner died during its start: {pids}"
+
+
 def test_parallel_sandboxes_in_threads(backend):
     results: dict[int, str] = {}
 
