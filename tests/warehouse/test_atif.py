@@ -27,17 +27,12 @@ SPEC_FILES = {"Trajectory": "trajectory.py", "Agent": "agent.py", "Step": "step.
 
 @pytest.fixture(scope="session")
 def atif_spec() -> dict[str, dict[str, bool]]:
-    """class -> {field: required} from harbor/models/trajectories in the harbor wheel (downloaded once, cached)."""
+    """class -> {field: required} from harbor/models/trajectories in the harbor wheel that setup caches
+    (scripts/setup.sh, FLYWHEEL_SPEC_CACHE); never fetched here: without it the tests skip (a failure in CI)."""
     cache = Path(os.environ.get("FLYWHEEL_SPEC_CACHE", Path.home() / ".cache" / "flywheel-spec"))
-    cache.mkdir(parents=True, exist_ok=True)
     wheels = sorted(cache.glob("harbor-*.whl"))
     if not wheels:
-        p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--python-version", "3.12",
-                            "--only-binary=:all:", "harbor", "-d", str(cache)], capture_output=True, text=True,
-                           timeout=300, check=False)
-        wheels = sorted(cache.glob("harbor-*.whl"))
-        if not wheels:
-            pytest.skip(f"pip could not fetch the harbor wheel (the ATIF spec) from the registry: {p.stderr[-300:]}")
+        pytest.skip(f"the harbor wheel (the ATIF spec) is not in {cache}; make setup caches it")
     spec: dict[str, dict[str, bool]] = {}
     with zipfile.ZipFile(wheels[-1]) as z:
         for cls, fname in SPEC_FILES.items():
@@ -232,9 +227,9 @@ def test_benchmark_suites_round_trip_bfcl_multi_turn_and_humaneval(tmp_path, ati
     from tasks.suites import load_suite
 
     try:
-        bfcl.wheel_path()
-    except bfcl.BfclFetchFailed as e:
-        pytest.skip(str(e))
+        bfcl.wheel_path(fetch=False)
+    except bfcl.BfclMissing as e:  # setup did not cache it (a failure in CI)
+        pytest.skip(f"{e} (make setup caches it)")
     policies = [ReferencePolicy(), ReferencePolicy(noise=ReferenceNoise(no_tool=1.0))]
     with open_backend(SandboxConfig(backend="local")) as be:
         rows = (_episodes(load_suite("bfcl-multi-turn", 2, split="heldout"), be, policies)
