@@ -410,12 +410,33 @@ def test_docker_concurrent_episodes_on_a_pooled_reusing_backend(sandbox_image):
         b.shutdown()
 
 
-def test_reuse_unset_means_on_for_docker_and_off_for_local():
+def test_reuse_unset_means_off_for_local():
+    """The local half of "unset means on for Docker, off for local"; the Docker half is the next test."""
     from sandbox.local import LocalBackend
 
     assert SandboxConfig().reuse is None
     lb = LocalBackend(SandboxConfig(backend="local"), pool_size=0)
     try:
         assert not lb.reuse
+        first = lb.acquire()
+        first.close()
+        nxt = lb.acquire()
+        try:
+            assert nxt.episodes == 1  # a fresh sandbox, not the closed one reset
+        finally:
+            nxt.close()
     finally:
         lb.shutdown()
+
+
+@pytest.mark.docker
+def test_docker_reuse_unset_means_on(docker_backend):
+    """The Docker half: with reuse unset (docker_backend's config does not set it) the next episode gets the
+    container of the last one, reset."""
+    assert docker_backend.config.reuse is None and docker_backend.reuse
+    docker_backend.acquire().close()
+    nxt = docker_backend.acquire()
+    try:
+        assert nxt.episodes == 2
+    finally:
+        nxt.close()

@@ -21,12 +21,23 @@ from warehouse.record import FunctionCall, Message, ToolCall
 FAMS = ["tiny-gptoss", "tiny-qwen3"]
 
 
+@pytest.fixture(scope="module")
+def fam_models(tmp_path_factory, train_tasks):
+    """family -> its tiny model's folder, each built once for the module on first use."""
+    built: dict[str, Path] = {}
+
+    def get(fam: str) -> Path:
+        if fam not in built:
+            built[fam] = build_tiny_model(tmp_path_factory.mktemp(fam) / "base", task_corpus(train_tasks, family=fam),
+                                          family=fam, hidden=32, layers=2, heads=2, kv_heads=1, vocab_size=600, seed=0)
+        return built[fam]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=FAMS)
-def fam_model(request, tmp_path_factory, train_tasks):
-    fam = request.param
-    path = build_tiny_model(tmp_path_factory.mktemp(fam) / "base", task_corpus(train_tasks, family=fam), family=fam,
-                            hidden=32, layers=2, heads=2, kv_heads=1, vocab_size=600, seed=0)
-    return fam, path
+def fam_model(request, fam_models):
+    return request.param, fam_models(request.param)
 
 
 def test_real_architectures(fam_model):
@@ -214,14 +225,13 @@ def test_one_sft_step_one_episode_one_grpo_step(fam_model, ref_rows, train_tasks
     assert AutoModelForCausalLM.from_pretrained(g.checkpoint_path).config.architectures == [FAMILIES[fam].architecture]
 
 
-def test_qwen3_thinking_on_and_off(fam_model, train_tasks, backend):
+def test_qwen3_thinking_on_and_off(fam_models, train_tasks, backend):
+    """Qwen3's template switch (enable_thinking); GPT-OSS's template has none, so this runs on Qwen3 only."""
     from agents.loop import initial_messages
     from agents.rollout import rollout
     from agents.transformers_policy import TransformersPolicy
 
-    fam, path = fam_model
-    if fam != "tiny-qwen3":
-        pytest.skip("Qwen3's template switch")
+    path = fam_models("tiny-qwen3")
     msgs, tools = initial_messages(train_tasks[0]), tool_schemas(["python"])
     on, off = TransformersPolicy(path, max_new_tokens=8), TransformersPolicy(path, max_new_tokens=8,
                                                                              enable_thinking=False)
