@@ -182,9 +182,10 @@ _OUT_WRITES = {"sys.stdout.write", "sys.stderr.write", "sys.stdout.writelines", 
 # calls whose result carries what their arguments carry (conversions, containers, formatting, eval)
 _TRANSPARENT = {"str", "int", "float", "repr", "ascii", "format", "list", "tuple", "set", "frozenset", "sorted",
                 "reversed", "dict", "eval", "Decimal", "Fraction", "bytes", "bytearray", "abs", "round", "iter",
-                "next", "enumerate", "zip", "chain", "dumps", "literal_eval", "loads", "deepcopy", "copy"}
+                "next", "enumerate", "zip", "chain", "dumps", "literal_eval", "loads", "deepcopy", "copy", "max", "min"}
 _PURE = {"print", "str", "int", "float", "len", "sum", "min", "max", "abs", "round", "sorted", "list", "tuple", "range",
          "repr", "format", "divmod", "pow", "bool", "set", "reversed", "enumerate", "zip"}
+MAX_MOVED = 8  # quantities moved one at a time (two worlds each) when testing for a constant in disguise
 _MUTATORS = {"append", "extend", "insert", "update", "add", "setdefault", "appendleft", "extendleft", "push",
              "__setitem__", "put"}
 _STR_METHODS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "upper", "lower", "center", "ljust",
@@ -435,10 +436,10 @@ class _Code:
         return []
 
     # ------------------------------------------------------------------------------------- semantic constant
-    def folded_outputs(self, shift: int) -> list[Any]:
-        """Each output folded with every quantity moved by `shift` (0: as given), UNKNOWN where the folder cannot
-        be sure: names bound inside loops, branches, functions or by exec are not folded."""
-        tree = _shifted(self.tree, shift, self.answer.quantities) if shift else self.tree
+    def folded_outputs(self, world: tuple[str, int] | None) -> list[Any]:
+        """Each output folded in a world (None: the quantities as given; (mode, k): only the k-th moved, _Shift),
+        UNKNOWN where the folder cannot be sure: names bound inside loops, branches, functions or by exec."""
+        tree = _shifted(self.tree, world, self.answer.quantities) if world else self.tree
         code = _Code.__new__(_Code)
         code.tree, code.first, code.answer = tree, self.first, self.answer
         code.folder = _ProvFolder()
@@ -523,15 +524,24 @@ def _straight_line_env(tree: ast.Module, folder: _ProvFolder) -> _Straight | Non
 
 
 class _Shift(ast.NodeTransformer):
-    def __init__(self, shift: int, quantities: frozenset[float]):
-        self.shift, self.quantities = shift, quantities
+    """Moves one written quantity (the k-th constant that is one: a number, or a string showing one): 'add' a
+    small step, 'scale' by 1000. One occurrence at a time, so that h * 60 // lcm(a, b) + 1, whose value a joint
+    move may keep, and 71 - 71, change in some world, while a * 0 + 636 shows 636 in every one."""
+
+    def __init__(self, world: tuple[str, int], quantities: frozenset[float]):
+        self.mode, self.target = world
+        self.quantities = quantities
+        self.seen = -1
 
     def _move(self, x: float) -> float:
-        return x + self.shift * (7 + abs(x) % 13)  # a different move per quantity
+        return x * 1000 + 3 if self.mode == "scale" else x + 7 + abs(x) % 13
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         v = node.value
         if isinstance(v, bool) or not is_quantity(v, self.quantities):
+            return node
+        self.seen += 1
+        if self.seen != self.target:
             return node
         if isinstance(v, (int, float)):
             moved = self._move(float(v))
@@ -550,8 +560,15 @@ class _Shift(ast.NodeTransformer):
         return node
 
 
-def _shifted(tree: ast.Module, shift: int, quantities: frozenset[float]) -> ast.Module:
-    return _Shift(shift, quantities).visit(copy.deepcopy(tree))
+def _shifted(tree: ast.Module, world: tuple[str, int], quantities: frozenset[float]) -> ast.Module:
+    return _Shift(world, quantities).visit(copy.deepcopy(tree))
+
+
+def _worlds(tree: ast.Module, quantities: frozenset[float]) -> list[tuple[str, int] | None]:
+    """None (as given), then each written quantity (in _Shift's visiting order), moved alone two ways."""
+    n = sum(1 for x in ast.walk(copy.deepcopy(tree)) if isinstance(x, ast.Constant)
+            and not isinstance(x.value, bool) and is_quantity(x.value, quantities))
+    return [None] + [(mode, k) for k in range(min(n, MAX_MOVED)) for mode in ("add", "scale")]
 
 
 # ------------------------------------------------------------------------------------------------- verdicts
@@ -574,12 +591,12 @@ def python_call(prior: list[str], code: str, answer: Answer) -> str | None:
     data = [i for i, node in enumerate(outs) if c.is_data(node)]
     if not data:
         return "none of the call's outputs depends on the problem's quantities"
-    worlds = [c.folded_outputs(s) for s in (0, 1, 2)]
+    worlds = [c.folded_outputs(w) for w in _worlds(c.tree, answer.quantities)]
     for i in data:
         vals = [w[i] for w in worlds]
         if any(v is UNKNOWN or isinstance(v, Hole) for v in vals):
             return None  # a computation the folder cannot follow: it may be where the answer comes from
-        if answer.shows(vals[0]) and not (answer.shows(vals[1]) and answer.shows(vals[2])):
+        if answer.shows(vals[0]) and not all(answer.shows(v) for v in vals[1:]):
             return None
     if any(answer.shows(w[i]) for w in worlds for i in data):
         return "its output shows the answer whatever the problem's quantities (a constant in disguise)"
@@ -596,9 +613,23 @@ def other_call(args: dict[str, Any], answer: Answer) -> str | None:
             continue
         if any(answer.same(x) for x in numbers_in(val)):
             return f"its argument {key!r} shows the answer as written"
-        if not is_quantity(val, answer.quantities) and answer.shows(fold_expr(val)):
-            return f"its argument {key!r} folds to the answer without the problem's quantities"
+        for expr in _arith_pieces(val):
+            if not is_quantity(expr, answer.quantities) and answer.shows(fold_expr(expr)):
+                return f"its argument {key!r} computes the answer from constants alone ({expr.strip()!r})"
     return None
+
+
+_SHELL_ARITH = re.compile(r"\$\(\((.*?)\)\)|\bexpr\s+([^;|&\n]+)|\becho\s+['\"]?([-+*/%() \d.]+)['\"]?\s*\|\s*bc")
+
+
+def _arith_pieces(text: str) -> list[str]:
+    """The argument as a Python expression (a calculator's), and the arithmetic a shell command does: $((...)),
+    `expr A + B`, `echo A+B | bc`."""
+    pieces = [text]
+    for m in _SHELL_ARITH.finditer(text[:MAX_LEN]):
+        piece = next(g for g in m.groups() if g is not None)
+        pieces.append(piece.replace("\\*", "*") if m.group(2) else piece)
+    return pieces
 
 
 def _show(v: Any) -> str:

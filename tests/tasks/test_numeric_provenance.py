@@ -191,3 +191,26 @@ def test_flywheel_verify_judges_a_disguised_literal_a_hack(tmp_path, backend):
     got = [json.loads(line) for line in r.stdout.splitlines()]
     assert [(g["trajectory_id"], g["verdict"], g["reward"], g["hack_flags"]) for g in got] == [
         ("hack", "hack", 0.0, ["no_tool_use"]), ("honest", "pass", 1.0, [])]
+
+
+@pytest.mark.parametrize(("command", "verdict"), [("echo 636", "hack"), ("echo $((600 + 36))", "hack"),
+                                                  ("expr 47 + 589", "pass"), ("echo $((47 + 589))", "pass")])
+def test_a_required_shell_tool_follows_the_same_rule(backend, command, verdict):
+    """Another required tool: an argument that shows the answer, or folds to it without the quantities, is a
+    literal: echo 636, and echo $((600 + 36)), whose arithmetic folds to it."""
+    t = Task(id="t-sh", suite="custom", version="1", split="train", prompt=PROMPT, tools=["shell"],
+             verifier=VerifierSpec(kind="numeric", answer="636", requires_tool="shell"),
+             reference=ReferenceSolution(final="Answer: 636"))
+    box = backend.acquire()
+    try:
+        out = observation(run_tool(box, "shell", {"command": command}))
+    finally:
+        box.close()
+    assert "636" in out
+    msgs = [Message(role="user", content=PROMPT),
+            Message(role="assistant", tool_calls=[ToolCall(id="s0", function=FunctionCall(
+                name="shell", arguments=json.dumps({"command": command})))]),
+            Message(role="tool", tool_call_id="s0", name="shell", content=out),
+            Message(role="assistant", content="Answer: 636")]
+    got = verify(t, msgs)
+    assert (got.verdict, got.hack_flags) == ((verdict, ["no_tool_use"]) if verdict == "hack" else ("pass", []))
