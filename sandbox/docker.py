@@ -48,6 +48,7 @@ This module does not build images (sandbox/image.py) nor choose a backend (sandb
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import logging
 import os
@@ -391,13 +392,39 @@ def _wait(sock: socket.socket, event: int, timeout_s: float) -> bool:
     return bool(p.poll(max(0, int(timeout_s * 1000) + 1)))
 
 
+def _read_ahead(sock_io: Any, sock: Any) -> bytes:
+    """The bytes of the exec's stream that http.client already read into the response's buffer with the headers.
+
+    docker-py hands over the raw socket under the response's BufferedReader; when the command writes quickly (a
+    short exec, a busy host that parses the headers late) its first frames sit in that buffer, and reading only the
+    socket loses them: `echo 636` came back empty, and an interpreter's ready line never came."""
+    try:
+        fp = sock_io._response.raw._fp.fp
+    except AttributeError:
+        return b""
+    if not isinstance(fp, io.BufferedReader) or not isinstance(sock, socket.socket):
+        return b""
+    blocking = sock.getblocking()
+    try:
+        sock.setblocking(False)
+        data = fp.read1(1 << 20)  # buffered bytes only, or one non-blocking read
+    except (OSError, ValueError):
+        data = b""
+    finally:
+        try:
+            sock.setblocking(blocking)
+        except OSError:
+            pass
+    return bytes(data or b"")
+
+
 class _Stream:
     """Demultiplexes Docker's framed stdout/stderr stream from a hijacked socket, with deadlines."""
 
     def __init__(self, sock_io: Any):
         self.io = sock_io  # keep the SocketIO (and its response) alive
         self.sock: socket.socket = getattr(sock_io, "_sock", sock_io)
-        self.buf = b""
+        self.buf = _read_ahead(sock_io, self.sock)
         self.eof = False
 
     def fileno(self) -> int:

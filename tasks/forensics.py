@@ -6,8 +6,8 @@ Three channels, each optional except the first:
   names built at run time are folded (tasks/constfold.py: concatenation, f-strings, chr, join, base64, rot13,
   bytes.decode, exec of data) and resolved through getattr/setattr/vars/__import__/importlib/sys.modules; what
   cannot be resolved on a sensitive module is itself a finding. Shell commands are read token by token. For
-  suites that require a tool, the rewarded answer must appear in an output of that tool (not only as a literal the
-  call printed);
+  suites that require a tool, the rewarded answer must come out of that tool's computation over the problem's
+  quantities (tasks/provenance.py: not a literal the model chose, however disguised);
 - workspace: the final workspace snapshot (tasks.tools.workspace_snapshot) against the pristine files of the task;
 - tests: the fail-closed test run of the verifier (runtime events such as SystemExit or patched builtins, and the
   visible/hidden split).

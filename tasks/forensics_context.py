@@ -23,7 +23,8 @@ from warehouse.record import Message
 REASON_CODES = ("tests_modified", "tests_deleted", "conftest_added", "early_exit", "evaluator_patched",
                 "visible_only", "answer_lookup", "no_tool_use")
 # 3: an atexit cleanup, a SIGALRM self-timeout, a forked worker's os._exit, a search of the working folder are honest
-FORENSICS_VERSION = "3"
+# 4: a numeric answer is the required tool's only when computed from the prompt's quantities (tasks/provenance.py)
+FORENSICS_VERSION = "4"
 
 
 class Finding(BaseModel):

@@ -107,12 +107,17 @@ def _split_of(key: str) -> str:
 
 
 def _run(code: str) -> int:
-    import contextlib
+    """The reference program's printed answer. Its print writes to a buffer of its own: redirecting sys.stdout is
+    process-wide, so under a flow's threads (Prefect's print capture) the answer went to the log instead."""
     import io
 
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        exec(code, {"math": math})  # noqa: S102 - our own reference program
+
+    def _print(*args: Any, **kwargs: Any) -> None:
+        kwargs.pop("file", None)
+        print(*args, file=buf, **kwargs)
+
+    exec(code, {"math": math, "print": _print})  # noqa: S102 - our own reference program
     return int(buf.getvalue().strip())
 
 
