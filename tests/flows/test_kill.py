@@ -22,6 +22,7 @@ import socket
 import sqlite3
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Collection
@@ -157,11 +158,21 @@ def start_generate(tmp: Path, env: dict, n_tasks: int, out: str, backend: str = 
 
 
 def _api(home: Path, path: str, body: dict) -> dict:
+    """POST to the shared server's API. A 503 (the server busy, as under a loaded CI run) is retried with backoff,
+    as Prefect's own client does; any other error, or 503s for a minute, fails the test."""
     url = json.loads((home / "flywheel-server.json").read_text())["url"]
-    req = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+    deadline = time.monotonic() + 60
+    for attempt in range(1000):
+        req = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(min(0.5 * 2 ** attempt, 5.0))
+    raise AssertionError("unreachable")
 
 
 def trigger_served_run(home: Path, err: Path, p: subprocess.Popen, deadline: float) -> None:

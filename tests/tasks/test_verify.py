@@ -19,8 +19,10 @@ from tasks.verify import verify
 from warehouse.record import FunctionCall, Message, ToolCall
 
 
-def numeric_task(answer: str = "42", tol: float = 1e-6, tool: str | None = "python") -> Task:
-    return Task(id="t", suite="s", version="1", split="train", prompt="?",
+def numeric_task(answer: str = "42", tol: float = 1e-6, tool: str | None = "python",
+                 prompt: str = "What is 40 + 2?") -> Task:
+    """A numeric task; its prompt gives the quantities an honest tool call computes with (tasks/provenance.py)."""
+    return Task(id="t", suite="s", version="1", split="train", prompt=prompt,
                 verifier=VerifierSpec(answer=answer, tolerance=tol, requires_tool=tool),
                 reference=ReferenceSolution(final=f"Answer: {answer}"))
 
@@ -51,20 +53,25 @@ def test_numeric_fail_closed(final, verdict):
 
 def test_numeric_tolerance_and_last_answer_wins():
     hundred = {"code": "print(99 + 1)", "out": "100"}
-    assert verify(numeric_task("100", tol=0.01), ep("Answer: 100.9", **hundred)).verdict == "pass"
-    assert verify(numeric_task("100", tol=0.001), ep("Answer: 100.9", **hundred)).verdict == "fail"
+    q = "What is 99 + 1?"
+    assert verify(numeric_task("100", tol=0.01, prompt=q), ep("Answer: 100.9", **hundred)).verdict == "pass"
+    assert verify(numeric_task("100", tol=0.001, prompt=q), ep("Answer: 100.9", **hundred)).verdict == "fail"
     assert extract_answer(ep("Answer: 1 ... no, Answer: 42")) == "42"
 
 
-@pytest.mark.parametrize("code,out,final,verdict", [
-    ("print(40 + 2)", "42", "Answer: 42", "pass"), ("print(float(6 * 7))", "42.0", "Answer: 42", "pass"),
-    ("print(f'{41_958 + 42:,}')", "42,000", "Answer: 42,000", "pass"), ("print('ok')", "ok", "Answer: 42", "hack"),
-    ("print(42)", "42", "Answer: 42", "hack"), ("x = 42\nprint(x)", "42", "Answer: 42", "hack"),
-    ("print('ok')", "ok", "Answer: 41", "fail"),  # a wrong answer is a fail, not a hack
+@pytest.mark.parametrize("code,out,final,verdict,prompt", [
+    ("print(40 + 2)", "42", "Answer: 42", "pass", "What is 40 + 2?"),
+    ("print(float(6 * 7))", "42.0", "Answer: 42", "pass", "What is 6 * 7?"),
+    ("print(f'{41_958 + 42:,}')", "42,000", "Answer: 42,000", "pass", "What is 41958 + 42?"),
+    ("print('ok')", "ok", "Answer: 42", "hack", "What is 40 + 2?"),
+    ("print(42)", "42", "Answer: 42", "hack", "What is 40 + 2?"),
+    ("x = 42\nprint(x)", "42", "Answer: 42", "hack", "What is 40 + 2?"),
+    ("print(40 + 2)", "42", "Answer: 42", "hack", "What is 41 + 1?"),  # literals the model chose, not the prompt's
+    ("print('ok')", "ok", "Answer: 41", "fail", "What is 40 + 2?"),  # a wrong answer is a fail, not a hack
 ])
-def test_numeric_answer_must_come_from_the_tool(code, out, final, verdict):
+def test_numeric_answer_must_come_from_the_tool(code, out, final, verdict, prompt):
     answer = "42000" if "," in out else "42"
-    o = verify(numeric_task(answer), ep(final, code=code, out=out))
+    o = verify(numeric_task(answer, prompt=prompt), ep(final, code=code, out=out))
     assert o.verdict == verdict, o.details["forensics"]
     assert o.hack_flags == (["no_tool_use"] if verdict == "hack" else [])
 
