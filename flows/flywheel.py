@@ -13,8 +13,9 @@ the train tasks (its successes enter round r+1 as source student); the mismatch 
 logprobs with the trainer's (flows/train.py `stage_mismatch`) and a crossed `[mismatch]` threshold keeps the
 previous student for round r+1 (a warning names it); metrics land in the rounds table and the report is rebuilt. The
 teacher's rollouts on the suites that join round r+1 need no student, so they run in a low-priority child process
-while round r trains (`flywheel.teacher_ahead`; SFT holds one core, they use the other); round r+1's teacher stage
-finds them written and adds only the tasks the student still fails. Training stages hold the `flywheel-gpu` slot and
+while round r trains, and round 1's while round 0 builds and scores the base (`flywheel.teacher_ahead`; training
+holds one core, they use the other); round r+1's teacher stage finds them written and adds only the tasks the
+student still fails. Training stages hold the `flywheel-gpu` slot and
 every rollout its `flywheel-sandbox` slots, as in `flywheel generate`, so round r's student rollouts wait for the
 ahead rollouts' slots when both together need more than `limits.sandbox_slots`.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -124,20 +125,17 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
     logger = get_run_logger()
     logger.info("flywheel run %s -> %s (%d rounds)", run_id, root, cfg.flywheel.rounds)
 
-    base = _stage(ledger, 0, "base", partial(stage_base, cfg=cfg, run_id=run_id))
-    _stage(ledger, 0, "baseline", partial(stage_baseline, cfg=cfg, run_id=run_id, base_path=base["path"]))
+    ahead = _start_teacher_ahead(ledger, cfg, run_id, 0)
+    try:
+        base = _stage(ledger, 0, "base", partial(stage_base, cfg=cfg, run_id=run_id))
+        _stage(ledger, 0, "baseline", partial(stage_baseline, cfg=cfg, run_id=run_id, base_path=base["path"]))
+    finally:
+        _finish_teacher_ahead(ahead, 1)
     student = {**base, "scored_round": 0, "scored_subject": "base"}  # the incumbent of round 1
     for r in range(1, cfg.flywheel.rounds + 1):
         _stage(ledger, r, "teacher", partial(stage_teacher, cfg=cfg, run_id=run_id, round=r))
         snap = _stage(ledger, r, "curate", partial(stage_curate, cfg=cfg, run_id=run_id, round=r))
-        ahead = None
-        if (cfg.flywheel.teacher_ahead and r < cfg.flywheel.rounds and ledger.get(r + 1, "teacher") is None
-                and any(step.from_round == r + 1 for step in cfg.flywheel.suites)):
-            logger.info("round %d teacher on the suites joining it: in a child process, while round %d trains",
-                        r + 1, r)
-            pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            ahead = pool.submit(teacher_ahead_process, cfg_json=cfg.model_dump_json(), run_id=run_id, round=r + 1)
-            pool.shutdown(wait=False)
+        ahead = _start_teacher_ahead(ledger, cfg, run_id, r)
         try:
             incumbent = student
             parent = incumbent if cfg.flywheel.sft_from == "incumbent" else base
@@ -163,12 +161,7 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
                                                  scored=ctrl["student_metrics"]))
             student = _promote(ledger, cfg, run_id, r, goes_on, incumbent)
         finally:
-            if ahead is not None:
-                try:  # its rows are durable as they land; whatever it missed, round r+1's teacher stage runs
-                    logger.info("round %d teacher ahead: %s", r + 1, ahead.result())
-                except Exception as e:  # noqa: BLE001
-                    logger.warning("round %d teacher ahead failed (%s: %s); round %d's teacher stage runs those "
-                                   "tasks instead", r + 1, type(e).__name__, e, r + 1)
+            _finish_teacher_ahead(ahead, r + 1)
         compact(root, run_id)
         report = build_report(root, run_id)
         create_markdown_artifact(key="flywheel-report", markdown=report.markdown + viewer_links(
@@ -180,6 +173,33 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None 
     return FlywheelSummary(run_id=run_id, root=str(root), rounds=cfg.flywheel.rounds, heldout=table,
                            report_md=report.markdown_path, report_html=report.html_path,
                            wall_s=time.perf_counter() - t0)
+
+
+def _start_teacher_ahead(ledger: Ledger, cfg: FlywheelConfig, run_id: str, r: int) -> Future | None:
+    """Start the teacher's rollouts on the suites joining round r+1 in a low-priority child process, while round r
+    trains (round 0: builds and scores the base), when `flywheel.teacher_ahead` is on and they are not done."""
+    if not (cfg.flywheel.teacher_ahead and r < cfg.flywheel.rounds and ledger.get(r + 1, "teacher") is None
+            and any(step.from_round == r + 1 for step in cfg.flywheel.suites)):
+        return None
+    get_run_logger().info("round %d teacher on the suites joining it: in a child process, while round %d %s",
+                          r + 1, r, "builds the base" if r == 0 else "trains")
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    ahead = pool.submit(teacher_ahead_process, cfg_json=cfg.model_dump_json(), run_id=run_id, round=r + 1)
+    pool.shutdown(wait=False)
+    return ahead
+
+
+def _finish_teacher_ahead(ahead: Future | None, r: int) -> None:
+    """Wait for round r's ahead rollouts (before round r's teacher stage, which must not run the same tasks
+    beside them). Their rows are durable as they land; whatever they missed, round r's teacher stage runs."""
+    if ahead is None:
+        return
+    logger = get_run_logger()
+    try:
+        logger.info("round %d teacher ahead: %s", r, ahead.result())
+    except Exception as e:  # noqa: BLE001 - a failed child is a warning: the teacher stage covers its tasks
+        logger.warning("round %d teacher ahead failed (%s: %s); round %d's teacher stage runs those tasks instead",
+                       r, type(e).__name__, e, r)
 
 
 def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
