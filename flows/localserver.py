@@ -24,7 +24,9 @@ Slots of dead commands: every lease a command takes is filed in PREFECT_HOME/fly
 command (flows/lease_storage.py; on the shared server the command names itself in an X-Flywheel-Client header,
 through PREFECT_CLIENT_CUSTOM_HEADERS). `reap_dead_leases` releases the slots of folders whose command is gone (pid
 dead, or reused by another process) and deletes them: each command runs it before its first flow, and the shared
-server's watchdog every few seconds. A lease on disk after a power loss is reaped the same way.
+server's watchdog every few seconds. A lease on disk after a power loss is reaped the same way. An own server can
+be killed between counting a slot and filing its lease; `reset_orphan_slots` sets such counts back to 0 when a
+command finds no other flywheel command alive.
 `flywheel serve` runs flow runs in subprocesses of their own session; `guard_children` marks them and starts a guard
 process that kills them once `serve` is gone.
 This module does nothing when PREFECT_API_URL is set. Importing it does not import prefect.
@@ -510,6 +512,7 @@ def wait_ready(timeout_s: float = 120.0) -> None:
                                    "PREFECT_API_URL)")
         time.sleep(0.05)
     reap_dead_leases()
+    reset_orphan_slots()
     reap_sandboxes()
 
 
@@ -567,6 +570,39 @@ def reap_dead_leases() -> dict[str, int]:
             continue
         shutil.rmtree(claimed, ignore_errors=True)
     return dict(released)
+
+
+def _other_command_lives() -> bool:
+    """Whether a flywheel command other than this one may use PREFECT_HOME's database: a live command's lease
+    folder (an own-server command makes its folder before its server starts), a live client of the shared server,
+    or a shared server that lives or may be starting."""
+    root = lease_root()
+    for folder in root.glob("*-*") if root.is_dir() else []:
+        pid, _, start = folder.name.partition("-")
+        if folder != _lease_dir and pid.isdigit() and _start_time(int(pid)) == start:
+            return True
+    return bool(live_clients()) or _usable(_read_state())
+
+
+def reset_orphan_slots() -> dict[str, int]:
+    """On this command's own server, before its first flow: when no other flywheel command lives, set the taken
+    slots of every `flywheel-*` concurrency limit to 0; returns limit name -> slots reset.
+
+    Prefect's server commits a slot count before it files the lease (`increment-with-lease`); an own server dies
+    with its command, so a command killed between the two leaves slots counted that no lease folder names:
+    `reap_dead_leases` cannot see them, and every later command would wait for them forever. With no other command
+    alive, no slot counted in the database has a holder. A command that starts while this one resets has not taken
+    a slot yet (its server is still starting)."""
+    if _server is None or _other_command_lives():
+        return {}
+    reset: dict[str, int] = {}
+    for lim in _api("POST", "/v2/concurrency_limits/filter", {"limit": 200}, timeout=30.0) or []:
+        if str(lim.get("name", "")).startswith("flywheel-") and int(lim.get("active_slots") or 0) > 0:
+            _api("PATCH", f"/v2/concurrency_limits/{lim['id']}", {"active_slots": 0}, timeout=30.0)
+            reset[lim["name"]] = int(lim["active_slots"])
+            print(f"reset {reset[lim['name']]} slot(s) of concurrency limit {lim['name']!r} that no live command "
+                  "holds (a command killed while its server took them)", file=sys.stderr, flush=True)
+    return reset
 
 
 def _release(rid: str, slots: int) -> str | None | bool:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import ROOT
 
 TESTS = textwrap.dedent("""
@@ -29,7 +31,7 @@ TESTS = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, ci: str | None) -> str:
+def _run(tmp_path, ci: str | None, *args: str) -> str:
     (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_runtest_makereport  # noqa: F401\n")
     (tmp_path / "test_some.py").write_text(TESTS)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
@@ -37,13 +39,14 @@ def _run(tmp_path, ci: str | None) -> str:
     if ci is not None:
         env["CI"] = ci
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "markers=gpu: gpu",
-                        "-rfs", "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
+                        "-rfs", "-c", os.devnull, "--rootdir", str(tmp_path), *args, str(tmp_path)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     return p.stdout + p.stderr
 
 
-def test_in_ci_a_skip_fails_unless_allowed(tmp_path):
-    out = _run(tmp_path, "true")
+@pytest.mark.parametrize("args", [(), ("-n", "2", "--dist", "loadfile")], ids=["one-process", "xdist-as-make-test"])
+def test_in_ci_a_skip_fails_unless_allowed(tmp_path, args):
+    out = _run(tmp_path, "true", *args)
     assert "1 failed, 1 passed, 1 skipped, 1 xfailed" in out, out
     assert "FAILED" in out and "test_skips" in out and "a wheel is missing" in out and "CI_ALLOWED_SKIP_MARKERS" in out
     assert "test_gpu_skips" not in out.split("short test summary")[1].split("SKIPPED")[0]

@@ -323,7 +323,7 @@ def test_limits_are_created_held_and_refused_when_too_small(prefect_api):
     # a rollout chunk with an endpoint teacher holds sandbox slots and request slots of that endpoint
     from agents.config import PolicyConfig
 
-    limits = LimitsConfig(sandbox_slots=4, endpoint_slots=6)
+    limits = LimitsConfig(endpoint_slots=6)  # the default sandbox size: the session server's limit is shared
     teacher = PolicyConfig(kind="openai", base_url="http://127.0.0.1:9/v1", model="m")
     with rollout_slots(limits, teacher, 3), get_client(sync_client=True) as c:
         assert c.read_global_concurrency_limit_by_name("flywheel-sandbox").active_slots == 3
