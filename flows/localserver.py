@@ -596,12 +596,21 @@ def reset_orphan_slots() -> dict[str, int]:
     if _server is None or _other_command_lives():
         return {}
     reset: dict[str, int] = {}
-    for lim in _api("POST", "/v2/concurrency_limits/filter", {"limit": 200}, timeout=30.0) or []:
-        if str(lim.get("name", "")).startswith("flywheel-") and int(lim.get("active_slots") or 0) > 0:
-            _api("PATCH", f"/v2/concurrency_limits/{lim['id']}", {"active_slots": 0}, timeout=30.0)
-            reset[lim["name"]] = int(lim["active_slots"])
-            print(f"reset {reset[lim['name']]} slot(s) of concurrency limit {lim['name']!r} that no live command "
-                  "holds (a command killed while its server took them)", file=sys.stderr, flush=True)
+    for attempt in range(5):  # a fresh server on a loaded machine answers 503 for a while
+        try:
+            for lim in _api("POST", "/v2/concurrency_limits/filter", {"limit": 200}, timeout=30.0) or []:
+                if str(lim.get("name", "")).startswith("flywheel-") and int(lim.get("active_slots") or 0) > 0:
+                    _api("PATCH", f"/v2/concurrency_limits/{lim['id']}", {"active_slots": 0}, timeout=30.0)
+                    reset[lim["name"]] = int(lim["active_slots"])
+                    print(f"reset {reset[lim['name']]} slot(s) of concurrency limit {lim['name']!r} that no live "
+                          "command holds (a command killed while its server took them)", file=sys.stderr, flush=True)
+            return reset
+        except OSError as e:  # urllib's errors included
+            if attempt == 4:  # the command goes on, as with a lease the reaper cannot release
+                print(f"warning: could not reset the slots that no live command holds: the server did not answer "
+                      f"({e})", file=sys.stderr, flush=True)
+            else:
+                time.sleep(1.0 + 2 * attempt)
     return reset
 
 
