@@ -9,10 +9,9 @@ run: setup
 	.venv/bin/flywheel run --out runs/default --backend local
 
 # Test processes side by side (pytest-xdist), one per core of a 2-core machine; a file's tests stay in one process,
-# so its module fixtures are built once; files are handed out in collection order, the slowest first
-# (tests/conftest.py SLOWEST_FILES). WORKERS=0 runs everything in this process.
+# so its module fixtures are built once. WORKERS=0 runs everything in this process.
 WORKERS ?= 2
-XDIST = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+XDIST = -n $(WORKERS) --dist loadfile
 
 # Everything CI runs: all tests but the gpu ones.
 test: setup

@@ -42,26 +42,6 @@ CI_ALLOWED_SKIP_MARKERS = (
 )
 
 
-# The files whose tests take longest (CI durations), run first, longest first. `make test` runs files in two
-# processes (pytest-xdist, --dist loadfile --no-loadscope-reorder: files in this order); a long file handed out
-# last would leave one process working alone at the end.
-SLOWEST_FILES = (
-    "tests/flows/test_kill.py",
-    "tests/flows/test_flywheel.py",
-    "tests/tasks/test_humaneval.py",
-    "tests/tasks/test_bfcl.py",
-    "tests/flows/test_localserver.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    missing = [f for f in SLOWEST_FILES if not (ROOT / f).is_file()]
-    if missing:
-        raise pytest.UsageError(f"tests/conftest.py SLOWEST_FILES names files that do not exist: {missing}")
-    rank = {f: i for i, f in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest as collected
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
