@@ -577,11 +577,9 @@ def _other_command_lives() -> bool:
     folder (an own-server command makes its folder before its server starts), a live client of the shared server,
     or a shared server that lives or may be starting."""
     root = lease_root()
-    for folder in root.glob("*-*") if root.is_dir() else []:
-        pid, _, start = folder.name.partition("-")
-        if folder != _lease_dir and pid.isdigit() and _start_time(int(pid)) == start:
-            return True
-    return bool(live_clients()) or _usable(_read_state())
+    folders = root.glob("*-*") if root.is_dir() else []
+    return (any(f != _lease_dir and _alive(f.name) for f in folders) or bool(live_clients())
+            or _usable(_read_state()))
 
 
 def reset_orphan_slots() -> dict[str, int]:
