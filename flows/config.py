@@ -233,8 +233,10 @@ class FlywheelSection(BaseModel):
                                                                     "round (its successes feed the next); 0: none.")
     student_train_tasks: int = Field(default=200, ge=0, description="At most this many train tasks per round for "
                                                                     "the student's own rollouts.")
-    later_sft_steps: int | None = Field(default=400, description="SFT steps in rounds after the first (the student "
-                                                                 "continues from the previous one); None: sft.max_steps.")
+    later_sft_steps: int | None = Field(default=800, description="SFT steps in rounds after the first (the student "
+                                        "continues from the previous one, at sft.batch_size); None: sft.max_steps. "
+                                        "The default is what kept arithmetic-d1 while round 2 learned d2 (README, "
+                                        "'What `make run` does').")
     sft_from: Literal["incumbent", "base"] = Field(
         default="incumbent", description="What each round's SFT starts from: 'incumbent' (the student the round "
         "started from; rounds after the first run later_sft_steps, and curate.replay_share keeps earlier rounds' "
