@@ -1,14 +1,14 @@
 """A later round's SFT at several step counts, from one finished run's round-1 student on its round-2 snapshot.
 
 Trains round 2's SFT again from a `make run` lake (the round-1 student that round 2 started from, the round-2
-snapshot, `sft.seed` = --seed) once per step count in --steps (the first is the baseline; the default is the
+snapshot, the run's saved config `runs/RUN/config.toml`: its seeds, SFT recipe and suites) once per step count in --steps (the first is the baseline; the default is the
 pre-change 400 beside today's `flywheel.later_sft_steps`), and scores each checkpoint on the held-out split the way
 the promotion stage does (flows/evaluate.py heldout_scores: greedy pass@1, then flywheel.pass_k samples at
 flywheel.sample_temperature with seed = the round, the same policies and seeds): per suite, beside the round-1
 student's figures from the lake's rounds table. This is the measurement `flywheel.later_sft_steps` is set from.
 It writes checkpoints under --work and JSON to --out; the lake is only read (episodes are scored, not written).
 
-    cd CLONE && .venv/bin/python benchmarks/later_sft.py --root runs/default --seed 1 --steps 400 800
+    cd CLONE && .venv/bin/python benchmarks/later_sft.py --root runs/default --steps 400 800
 """
 
 from __future__ import annotations
@@ -31,14 +31,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="the lake of a finished run with 2 rounds (make run's runs/default)")
     ap.add_argument("--run-id", default=None, help="the run in that lake (default: its only or newest run)")
-    ap.add_argument("--seed", type=int, default=0, help="the run's seed (run.seed, sft.seed) the run was made with")
     ap.add_argument("--steps", type=int, nargs="+", default=[400, 800], help="round-2 SFT steps, the baseline first")
     ap.add_argument("--backend", default="local", choices=["local", "docker"])
     ap.add_argument("--work", default="/tmp/flywheel-later-sft", help="folder for the trained checkpoints")
     ap.add_argument("--out", default="/tmp/flywheel-later-sft.json")
     args = ap.parse_args()
 
-    from flows.config import FlywheelConfig
+    from flows.config import load_config
     from flows.rollouts import heldout_tasks, student_policy
     from flows.stages import score_rows
     from sandbox.backend import open_backend
@@ -52,9 +51,9 @@ def main() -> None:
         return query(root, q, params).to_pylist()
 
     root = args.root
-    cfg = FlywheelConfig()
-    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": args.seed, "out": root})})
     run_id = args.run_id or max(list_checkpoints(root), key=lambda c: c.created_at).run_id
+    cfg = load_config(Path(root, "runs", run_id, "config.toml"))
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"out": root})})
     cks = {(c.round, c.stage): c for c in list_checkpoints(root, run_id=run_id)}
     sft2 = cks.get((ROUND, "sft"))
     if sft2 is None or sft2.parent_id is None:
@@ -87,7 +86,7 @@ def main() -> None:
         for steps in args.steps:
             t = time.perf_counter()
             res = train_sft(parent.path, None, Path(args.work, f"{run_id}-s{steps}"),
-                            cfg.sft.model_copy(update={"max_steps": steps, "seed": args.seed}),
+                            cfg.sft.model_copy(update={"max_steps": steps}),
                             snapshot_id=sft2.snapshot_id, root=root)
             sft_s = time.perf_counter() - t
             scores = score(res.checkpoint_path)
@@ -95,7 +94,7 @@ def main() -> None:
                                                                     scores.suites.items()}})
 
     suites = sorted(incumbent.suites)
-    print(f"run {run_id}, seed {args.seed}: held-out greedy / sampled pass@1 per suite")
+    print(f"run {run_id}, seed {cfg.run.seed}: held-out greedy / sampled pass@1 per suite")
     print(f"{'model':<22} {'sft_s':>6} " + " ".join(f"{s:>22}" for s in suites))
 
     def cells(sc: dict) -> str:
