@@ -108,6 +108,12 @@ def run_flywheel(eps, tasks, backend, workers: int, folder: Path, *, with_worksp
     return res, time.perf_counter() - t
 
 
+def progress(backend: str, label: str, result: tuple[list, float]) -> tuple[list, float]:
+    """Say on stderr that one timed pass ended and how long it took; returns the pass's result unchanged."""
+    print(f"[{backend}] {label}: {len(result[0])} episodes in {result[1]:.1f} s", file=sys.stderr, flush=True)
+    return result
+
+
 def bench(name: str, eps, tasks, workers: int, folder: Path) -> dict:
     RETRIED.clear()
     with open_backend(SandboxConfig(backend=name), pool_size=max(2, min(workers, 8))) as be:
@@ -115,12 +121,12 @@ def bench(name: str, eps, tasks, workers: int, folder: Path) -> dict:
         run_reference(warm, be, workers)
         run_flywheel(warm, tasks, be, workers, folder)
         # ABC then CBA: on a shared machine, load that drifts during the run falls on every path alike.
-        ref, ref_s = run_reference(eps, be, workers)
-        ours, fw_s = run_flywheel(eps, tasks, be, workers, folder)
-        ours_ws, ws_s = run_flywheel(eps, tasks, be, workers, folder, with_workspace=True)
-        ws_s += run_flywheel(eps, tasks, be, workers, folder, with_workspace=True)[1]
-        fw_s += run_flywheel(eps, tasks, be, workers, folder)[1]
-        ref_s += run_reference(eps, be, workers)[1]
+        ref, ref_s = progress(name, "reference 1/2", run_reference(eps, be, workers))
+        ours, fw_s = progress(name, "flywheel 1/2", run_flywheel(eps, tasks, be, workers, folder))
+        ours_ws, ws_s = progress(name, "fw+ws 1/2", run_flywheel(eps, tasks, be, workers, folder, with_workspace=True))
+        ws_s += progress(name, "fw+ws 2/2", run_flywheel(eps, tasks, be, workers, folder, with_workspace=True))[1]
+        fw_s += progress(name, "flywheel 2/2", run_flywheel(eps, tasks, be, workers, folder))[1]
+        ref_s += progress(name, "reference 2/2", run_reference(eps, be, workers))[1]
         ref_s, fw_s, ws_s = ref_s / 2, fw_s / 2, ws_s / 2
     disagree = [{"episode": e[0], "flywheel": o["verdict"], "official_passed": r, "hack_flags": o["hack_flags"],
                  "failed": o.get("failed"), "error": o.get("error")}

@@ -9,7 +9,8 @@ the role; nothing here is imported on the host.
   back encoded, or as an error, a timeout or "not plain data". Its replies go to a descriptor duplicated from
   stdout before the solution is imported; the solution's own prints go to /dev/null. In batch mode (the data
   path) the calls come in the request and the host compares the results with the expected values it kept; the
-  solution can make the server say anything, but it never sees an expected value to say.
+  solution can make the server say anything, but it never sees an expected value to say. A test's calls after
+  its first one that is not "ok" (an error, a timeout) are not run: that call is already the test's result.
 - The isolated runner (`runner`) is for tests that cannot be split into calls: it makes itself non-dumpable
   (no ptrace, no /proc/<pid>/mem, fd or environ for other processes of its uid), reads the tests and a per-run
   secret from stdin, starts the call server as a child with fresh pipes (no descriptor of its own), and runs each
@@ -263,8 +264,14 @@ def _serve_on(in_fd, out_fd):
     server = _Server(req, out_fd)
     server.send({"kind": "ready", "error": server.import_error, "names": server.names(), "strays": server.strays})
     if req.get("mode") == "batch":
+        ended = set()  # tests whose result is already decided: a call of theirs was not "ok"
         for i, c in enumerate(req["calls"]):
-            server.send(dict(server.call(i, c["func"], c["args"], c["kwargs"]), kind="call"))
+            if c.get("test") in ended:
+                continue  # the host reads a test's calls only up to its first one that is not "ok"
+            msg = server.call(i, c["func"], c["args"], c["kwargs"])
+            if msg.get("status") != "ok":
+                ended.add(c.get("test"))
+            server.send(dict(msg, kind="call"))
     else:
         for line in reader:
             c = _json.loads(line)
@@ -335,7 +342,8 @@ def launch():
 
 class _CallFailed(Exception):
     """A proxied call ended in an error of the server, a timeout or a value that is not plain data. The test's
-    result is this failure even when the test's code catches it (it is recorded before it is raised)."""
+    result is this failure even when the test's code catches it (it is recorded before it is raised); the test's
+    later calls are not sent to the server, they raise at once."""
 
     def __init__(self, status, error, events=()):
         self.status, self.events = status, list(events)
@@ -473,6 +481,9 @@ def runner():
 
     def proxy(name):
         def call(*args, **kwargs):
+            if failures:  # the test's result is decided (its first failed call): a later call is not run
+                raise _CallFailed(failures[0].status, "not run: an earlier call of this test failed (%s)"
+                                  % failures[0])
             counter[0] += 1
             try:
                 a, kw = encode(list(args)), encode(dict(kwargs))  # noqa: F821

@@ -47,7 +47,10 @@ class VerifierSpec(BaseModel):
     requires_tool: str | None = Field(default=None, description="Tool the episode must use, else no_tool_use.")
     solution_path: str = Field(default="solution.py",
                                description="Workspace file holding the agent's code (unit_tests verifier).")
-    timeout_s: float = Field(default=5.0, gt=0, description="Wall-clock limit of one test (unit_tests verifier).")
+    timeout_s: float = Field(default=5.0, gt=0, description=(
+        "Wall-clock limit of one test (unit_tests verifier), in seconds; where the judge runs a test's calls of the "
+        "solution apart (its data and isolated paths), of each call: a call past it fails the test, whose later "
+        "calls are not run."))
     float_tolerance: float = Field(
         default=0.0, ge=0, description="Unit tests: relative/absolute tolerance for floats in `f(...) == EXPECTED` "
                                        "checks, applied on the host; 0 compares exactly, as the test's own `==`.")

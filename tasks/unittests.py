@@ -195,8 +195,8 @@ def _data_path(sandbox: Sandbox, task: Task, files: dict[str, str], plans: dict[
     offset: dict[int, int] = {}
     for ti, pl in plans.items():
         offset[ti] = len(calls)
-        calls += [{"func": c.func, "args": plaindata.encode(c.args), "kwargs": plaindata.encode(c.kwargs)}
-                  for c in pl.calls]
+        calls += [{"func": c.func, "args": plaindata.encode(c.args), "kwargs": plaindata.encode(c.kwargs),
+                   "test": ti} for c in pl.calls]
     token = secrets.token_hex(16)
     timeout = task.verifier.timeout_s
     req = {"mode": "batch", "token": token, "files": files, "module": _module_name(task.verifier.solution_path),

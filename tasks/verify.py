@@ -43,8 +43,9 @@ __all__ = ["Outcome", "verify", "verify_numeric", "VerifierError", "VerifierUnav
 
 NUMERIC_VERIFIER_VERSION = "2"  # 2: markdown answers (**Answer:** 270) count
 # 2: the data and isolated paths; 3: the isolated tests see the task's own code and the real builtins, no
-# control-flow exception crosses a proxy, a fresh sandbox per judging path, Python sources kept up to 4 MiB
-UNIT_TESTS_VERIFIER_VERSION = "3"
+# control-flow exception crosses a proxy, a fresh sandbox per judging path, Python sources kept up to 4 MiB; 4: a
+# test's calls after its first failed one are not run (its result was that call's already)
+UNIT_TESTS_VERIFIER_VERSION = "4"
 VERIFIER_VERSIONS = {"numeric": NUMERIC_VERIFIER_VERSION, "unit_tests": UNIT_TESTS_VERIFIER_VERSION,
                      "llm_judge": "1", "harbor": "2", "bfcl": "1"}
 class Outcome(BaseModel):

@@ -67,6 +67,31 @@ def test_wrong_results_say_expected_and_got(backend):
     assert (r.status, r.expected, r.got) == ("fail", "-6", "-1") and "double(-3) == -6" in r.error
 
 
+# Each call of the solution appends its argument to a file of the sandbox (shared by the call's forked processes);
+# double('log') reads it back. A negative argument gives a value that is not plain data: that call fails the test.
+LOGGING = ("import json, os\nLOG = '/tmp/flywheel-test-calls.json'\n"
+           "def double(x):\n"
+           "    calls = json.load(open(LOG)) if os.path.exists(LOG) else []\n"
+           "    if x == 'log':\n"
+           "        return calls\n"
+           "    json.dump(calls + [x], open(LOG, 'w'))\n"
+           "    return object() if x < 0 else 2 * x\n")
+
+
+def test_a_tests_calls_after_its_first_failed_one_are_not_run(backend):
+    """A failed call is the test's result, so the test's later calls are not run (a hanging solution costs one
+    timeout per test, not one per call); other tests' calls still run. Data path: the call server skips them;
+    isolated path: the proxy raises at once, even when the test catches the failure."""
+    data = ["assert double(-1) == -2\nassert double(7) == 14", "assert double('log') == [-1]"]
+    run = run_unit_tests(task(data), {"solution.py": LOGGING}, backend)
+    assert statuses(run) == [("fail", "data"), ("pass", "data")], run.results
+    isolated = ["for x in (-1, 7):\n    try:\n        double(x)\n    except Exception:\n        pass",
+                "for _ in (0,):\n    assert double('log') == [-1]"]
+    run = run_unit_tests(task(isolated), {"solution.py": LOGGING}, backend)
+    assert statuses(run) == [("fail", "isolated"), ("pass", "isolated")], run.results
+    assert "caught by the test" in run.results[0].error
+
+
 HOSTILE = {
     "always_equal": "class A:\n    def __eq__(self, o):\n        return True\ndef double(x):\n    return A()\n",
     "int_subclass_eq": "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\n"
