@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.result import Backend, ExecResult, SandboxError
+from tasks import pyast
 from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
 from warehouse.record import Message
 
@@ -118,7 +119,7 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 def _imports(source: str) -> set[str]:
     """Absolute module names a source imports (any depth of the tree: imports inside functions count too)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(pyast.parse(source)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -209,7 +210,7 @@ def function_docs(wheel: Path, classes: list[str]) -> list[dict[str, Any]]:
 
 def _call_step(call: str, methods: dict[str, Any]) -> ToolCallStep:
     """A ground-truth call string as a tool call (positional arguments named by the method's signature)."""
-    node = ast.parse(call, mode="eval").body
+    node = pyast.parse(call, mode="eval").body
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise BfclError(f"ground-truth call {call!r} is not a plain function call")
     name = node.func.id

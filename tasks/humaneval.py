@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sandbox.result import Backend, SandboxError
+from tasks import pyast
 from tasks.spec import Task
 from warehouse.record import FunctionCall, Message, ToolCall
 
@@ -162,13 +163,13 @@ def mutants(problem: dict[str, Any]) -> list[Mutant]:
     canonical = problem["prompt"] + problem["canonical_solution"]
     out = []
     for kind, mutate in MUTATIONS.items():
-        tree = ast.parse(canonical)
+        tree = pyast.parse(canonical)
         fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == problem["entry_point"]),
                   None)
         if fn is None or not mutate(fn):
             continue
         src = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
-        if src != ast.unparse(ast.parse(canonical)) + "\n":
+        if src != ast.unparse(pyast.parse(canonical)) + "\n":
             out.append(Mutant(task_id=problem["task_id"], kind=kind, source=src))
     return out
 

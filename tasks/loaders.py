@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from tasks import pyast
 from tasks.code import render_test_file
 from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
 from tasks.tools import CODE_TOOLS
@@ -140,7 +141,7 @@ def _str(rec: dict[str, Any], key: str, *, required: bool = True) -> str | None:
 
 def _parses(field: str, src: str) -> ast.Module:
     try:
-        return ast.parse(src)
+        return pyast.parse(src)
     except SyntaxError as e:
         raise _FieldError(field, f"is not valid Python (line {e.lineno}: {e.msg})") from None
 
@@ -173,7 +174,7 @@ def _from_gsm8k(rec: dict[str, Any], split: str, suite: str) -> Task:
 
 def _entry_from_tests(tests: list[str]) -> str:
     for t in tests:
-        for node in ast.walk(ast.parse(t)):
+        for node in ast.walk(pyast.parse(t)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in (
                     "set", "sorted", "list", "tuple", "abs", "round", "len", "str", "int", "float", "isclose"):
                 return node.func.id
@@ -215,7 +216,7 @@ def _from_mbpp(rec: dict[str, Any], split: str, suite: str) -> Task:
     if setup:
         _parses("test_setup_code", setup)
     entry = _entry_from_tests(tl)
-    if entry not in {n.name for n in ast.walk(ast.parse(code)) if isinstance(n, ast.FunctionDef)}:
+    if entry not in {n.name for n in ast.walk(pyast.parse(code)) if isinstance(n, ast.FunctionDef)}:
         raise _FieldError("code", f"does not define {entry!r}, the function the tests call")
     tests = [(setup + "\n" + t).strip() for t in tl]
     visible, hidden = (tests[:1], tests[1:]) if len(tests) > 1 else ([], tests)
@@ -243,8 +244,8 @@ def _doc_examples(prompt: str, entry: str) -> list[str]:
         if entry not in src or not want:
             continue
         try:
-            ast.literal_eval(want)
-            ast.parse(src, mode="eval")
+            ast.literal_eval(pyast.parse(want, mode="eval"))
+            pyast.parse(src, mode="eval")
         except (ValueError, SyntaxError):
             continue
         out.append(f"assert {src} == {want}")
@@ -263,7 +264,7 @@ def _from_humaneval(rec: dict[str, Any], split: str, suite: str) -> Task:
         raise _FieldError("entry_point", f"{entry!r} is not a Python identifier")
     canon = _str(rec, "canonical_solution")
     try:  # one parse when all is well (loading 164 problems parsed each prompt twice: a third of the load time)
-        tree = ast.parse(prompt + canon)
+        tree = pyast.parse(prompt + canon)
     except SyntaxError:
         _parses("prompt", prompt + "    pass\n")  # names the prompt when it is the prompt that does not parse
         raise _FieldError("canonical_solution", "is not valid Python after the prompt") from None

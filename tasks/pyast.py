@@ -2,9 +2,9 @@
 
 CPython 3.11 keeps the AST constructor's recursion depth in interpreter-wide state, so two threads converting
 ASTs at once can fail with `SystemError: AST constructor recursion depth mismatch` (python/cpython#106905). Here
-that happened when `flywheel verify --workers 4` ran forensics on several episodes at once. Forensics and the
-judge's test splitter parse through these two functions; parsing is fast, so the lock costs little. This module
-does nothing else.
+that happened when `flywheel verify --workers 4` ran forensics on several episodes at once, and when four threads
+read BFCL's checker files. All host code parses through these two functions (tests/test_imports.py checks that
+nothing else calls ast.parse); parsing is fast, so the lock costs little. This module does nothing else.
 """
 
 from __future__ import annotations

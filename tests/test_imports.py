@@ -100,3 +100,25 @@ def test_no_module_circles():
 
 def test_only_flows_imports_prefect():
     assert not _external(ONLY_FLOWS_IMPORT), _external(ONLY_FLOWS_IMPORT)
+
+
+# Programs that run INSIDE a sandbox (one thread, standard library only), where tasks/pyast.py is not at hand.
+IN_SANDBOX = {"tasks/testrunner.py": "the run_tests harness", "sandbox/interpreter.py": "the warm interpreter"}
+
+
+def test_host_code_parses_python_through_the_locked_parser():
+    """CPython 3.11's AST constructor keeps its recursion depth interpreter-wide (python/cpython#106905): two threads
+    in ast.parse at once can raise `SystemError: AST constructor recursion depth mismatch` (seen in CI from BFCL's
+    checker files, parsed by four threads). Host code parses through tasks/pyast.py's lock; only it and the
+    in-sandbox programs call ast.parse."""
+    direct = []
+    for pkg in LAYERS:
+        for f in sorted((ROOT / pkg).glob("*.py")):
+            rel = f"{pkg}/{f.name}"
+            if rel in IN_SANDBOX or rel == "tasks/pyast.py":
+                continue
+            for node in ast.walk(ast.parse(f.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parse"
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "ast"):
+                    direct.append(f"{rel}:{node.lineno}")
+    assert direct == [], f"ast.parse outside tasks/pyast.py (use pyast.parse): {direct}"

@@ -81,6 +81,51 @@ def processes_with(marker: str, but: Collection[int | None] = ()) -> list[str]:
     return out
 
 
+def why_alive(lines: list[str]) -> str:
+    """For a failure message: each leftover process (a `processes_with` line), its state and wait channel, and its
+    children alike with the holders of the pipes on their fds 0-2 (a sandbox's PID 1 ends when its stdin closes:
+    whoever still holds that pipe keeps it alive)."""
+    def desc(pid: str) -> str:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+        except OSError:
+            return f"{pid} (gone)"
+        return f"{pid} state={stat[0]} ppid={stat[1]} wchan={wchan} {cmd!r}"
+
+    holders: dict[str, list[str]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fds = list((d / "fd").iterdir())
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    holders.setdefault(os.readlink(fd), []).append(f"{d.name}/fd{fd.name}")
+                except OSError:
+                    continue
+
+    def pipes(pid: str) -> dict[str, tuple[str, list[str] | None]]:
+        out = {}
+        for fd in ("0", "1", "2"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("pipe:"):
+                out[fd] = (target, holders.get(target))
+        return out
+
+    parts = []
+    for line in lines:
+        pid = line.split()[0]
+        kids = [k.name for k in Path("/proc").iterdir() if k.name.isdigit() and _parent(int(k.name)) == int(pid)]
+        parts.append(desc(pid) + "".join(f"\n    child {desc(k)} pipes {pipes(k)}" for k in kids))
+    return "\n".join(parts)
+
+
 def _start(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -262,7 +307,8 @@ def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend,
             assert len(procs) >= {("own", "generate"): 2, ("shared", "serve"): 2, ("shared", "generate"): 1,
                                   ("warm", "generate"): 2}.get((server, command), 0)
         assert still_alive(procs) == []
-        assert processes_with(marker, but={shared, *warm_starters(home).values()}) == []
+        left = processes_with(marker, but={shared, *warm_starters(home).values()})
+        assert left == [], why_alive(left)
         if backend == "docker":
             assert running_containers(owner) == []
 
@@ -283,7 +329,8 @@ def test_sigkill_leaves_no_process_and_no_taken_slot(tmp_path, command, backend,
             assert released > 0 and released + orphans == 8 and (orphans == 0 or server == "own"), err + log
         assert active_slots(home, "*") == 0
         assert not [d for d in (home / "flywheel-leases").iterdir() if d.name != "shared"]  # all reaped or removed
-        assert processes_with(marker, but={shared, *warm_starters(home).values()}) == []
+        left = processes_with(marker, but={shared, *warm_starters(home).values()})
+        assert left == [], why_alive(left)
         print(f"next generate after the kill: {time.monotonic() - t0:.1f} s")
     finally:
         stop = subprocess.run([FLYWHEEL, "server", "stop"], env=env, capture_output=True, text=True, timeout=60,
