@@ -1,0 +1,93 @@
+"""Reading /proc: one parser of a process's stat line, and the one rule for what counts as a live process.
+
+Host code (the sandbox drivers, the reaper, the local server's supervisor, benchmarks) and in-sandbox programs read
+processes through these functions. The rule: a process is alive while /proc has it and its state is neither zombie
+(Z) nor dead (X); a zombie has exited and only waits for its parent to reap it, so it has no start time here and
+is not running. A start time is the kernel's field 22 of /proc/PID/stat (clock ticks since boot), kept as the
+string the kernel wrote; with the pid it names one process across pid reuse.
+
+Standard library only, so the file can be shipped into a sandbox as it is. It does not signal, wait for or
+otherwise touch a process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GONE_STATES = ("Z", "X")
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/PID/stat this project reads."""
+
+    pid: int
+    comm: str  # the command name, at most 15 bytes as the kernel keeps it
+    state: str  # one letter: R, S, D, T, t, Z, X, ...
+    ppid: int
+    start: str  # field 22: start time in clock ticks since boot
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in GONE_STATES
+
+
+def parse_stat(pid: int, raw: bytes) -> Stat:
+    """Parse the text of /proc/PID/stat. The command name may hold spaces and parentheses, so the fields are
+    split after its last closing parenthesis."""
+    head, _, tail = raw.rpartition(b")")
+    fields = tail.split()
+    return Stat(pid=pid, comm=head.partition(b"(")[2].decode("utf-8", "replace"), state=fields[0].decode(),
+                ppid=int(fields[1]), start=fields[19].decode())
+
+
+def stat(pid: int, proc: str = "/proc") -> Stat | None:
+    """The stat of process `pid` under the procfs mounted at `proc`, or None when there is no such process."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    try:
+        return parse_stat(pid, raw)
+    except (IndexError, ValueError):  # a torn or foreign line: treated as no process
+        return None
+
+
+def start_time(pid: int, proc: str = "/proc") -> str | None:
+    """The start time of `pid`, or None when it is gone (no such process, a zombie or dead)."""
+    st = stat(pid, proc)
+    return st.start if st is not None and st.alive else None
+
+
+def running(pid: int, proc: str = "/proc") -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    st = stat(pid, proc)
+    return st is not None and st.alive
+
+
+def pids(proc: str = "/proc") -> list[int]:
+    """Every pid listed under the procfs at `proc`, ascending (some may be gone by the time they are read)."""
+    try:
+        return sorted(int(d) for d in os.listdir(proc) if d.isdigit())
+    except OSError:
+        return []
+
+
+def stats(proc: str = "/proc") -> list[Stat]:
+    """The stat of every process under `proc` that could be read, by pid."""
+    return [st for st in (stat(p, proc) for p in pids(proc)) if st is not None]
+
+
+def descendants(root_pid: int, proc: str = "/proc") -> list[int]:
+    """Pids of all live descendants of `root_pid`, parents before their children."""
+    children: dict[int, list[int]] = {}
+    for st in stats(proc):
+        if st.alive:
+            children.setdefault(st.ppid, []).append(st.pid)
+    found, todo = [], [root_pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
