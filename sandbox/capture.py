@@ -5,7 +5,7 @@ result says `truncated`. A call whose output (both streams together) passes the 
 cap), is killed (verdict resource_limit, see sandbox/verdicts.py): an infinite print costs the host a bounded amount
 of reading, never memory. Bytes are decoded as UTF-8 with replacement. The sandbox's own `[sandbox]` notes go after
 the program's stderr, one per line (`with_notes`). The persistent interpreter applies the same cap inside the
-sandbox (sandbox/interpreter.py). This module reads no stream itself: the backends feed it what they read.
+sandbox (sandbox/guest/kernel.py). This module reads no stream itself: the backends feed it what they read.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ a pids limit, a CPU quota, a read-only root filesystem with size-limited tmpfs a
 every capability dropped, no-new-privileges, user nobody (65534), our labels, and an environment made only of the
 image's defaults (no host variables, no proxy settings, no Docker socket).
 
-PID 1 of each container is a tiny init that ignores signals, is not dumpable (no ptrace from the sandbox user),
+PID 1 of each container is a tiny init (sandbox/guest/pid1.py) that ignores signals, is not dumpable (no ptrace from the sandbox user),
 reaps orphans (so killed fork bombs and double-forked daemons leave no zombies) and exits when its stdin closes.
 The backend holds that stdin open through an attach socket: when the owning process dies, even by SIGKILL, the
 socket closes, PID 1 exits and Docker removes the container (auto-remove). sandbox/reaper.py removes strays left
@@ -16,7 +16,7 @@ killer takes the sandbox's commands, then its interpreter, never PID 1.
 
 `DockerSandbox.exec` runs argv under `timeout -s KILL` (exec has no timeout of its own) with our own wall-clock
 backstop; output is read from the raw exec socket, capped per stream (the truncated flag), and a flood far beyond
-the cap kills the call. `run_python` talks to the episode's persistent interpreter (sandbox/interpreter.py, run
+the cap kills the call. `run_python` talks to the episode's persistent interpreter (sandbox/guest/kernel.py, run
 with `docker exec -i`; the pool starts and warms it ahead, otherwise it starts on the first call), which keeps
 state across calls like a notebook kernel; one that hangs past timeout + grace, or dies, is killed and replaced on
 the next call, and the result's stderr says so. After a call that hit the pids limit, flooded or hung, leftover
@@ -27,12 +27,13 @@ failure; container creation is retried with backoff, then acquire() raises Sandb
 
 Reuse (`SandboxConfig.reuse`, unset = on for Docker): a fresh container per episode costs ~260 ms of CPU (create,
 start, exec, remove: 7 clean episodes/s on 2 cores), a reset ~25 ms (benchmarks/sandbox.py, fresh vs reused). In
-reuse mode each container runs a keeper (KEEPER_SOURCE) that forks every episode's interpreter. Closing an episode
+reuse mode each container runs a keeper (sandbox/guest/keeper.py) that forks every episode's interpreter. Closing an episode
 hands the container to a pool thread, which: has the keeper kill and reap the interpreter; freezes the container's
 cgroup from the host, SIGKILLs every process but PID 1 and the keeper, thaws it and waits until only those two are
-left; has the keeper fork a fresh interpreter, whose first cell (RESET_CHECK_SOURCE, the same warm-up cell a fresh
+left; has the keeper fork a fresh interpreter, whose first cell (sandbox/guest/reset.py, the same warm-up cell a fresh
 container runs) empties /tmp, /workspace and /dev/shm and reports processes, folder entries, modes, owners and
-extended attributes, /dev/mqueue, System V IPC objects and the writable mounts; then the host requires that report
+extended attributes, /dev/mqueue, System V IPC objects, the writable mounts and the kernel keys; then the host
+requires that report
 to equal the container's fresh one, sees exactly PID 1, the keeper and the interpreter in the cgroup, and the same
 cgroup limits (memory, swap, pids, CPU). Any failure (including a keeper the episode killed and a new one that
 does not come up, or no cgroup reachable: a remote engine, not root) removes the container and counts it in
@@ -66,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox import procfs, programs
 from sandbox.capture import Capture, text, with_notes
 from sandbox.engine import (
     BACKEND_LABEL,
@@ -78,7 +80,7 @@ from sandbox.engine import (
     owner_tag,
 )
 from sandbox.files import write_files
-from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, interpreter_argv, interpreter_source
+from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, interpreter_argv
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 from sandbox.verdicts import exec_fields, exec_verdict, infra_result
@@ -92,216 +94,8 @@ STARTUP_TIMEOUT_S = 30.0
 REUSE_SPARE = 2  # with reuse, containers the pool starts beyond those in use (a reset takes a few ms)
 RESET_WAIT_S = 2.0  # a reset whose processes are not all gone (or frozen) by then fails: the container is removed
 
-# PID 1: ignore every catchable signal (the kernel drops SIGKILL/SIGSTOP sent to init from inside), reap orphans,
-# and exit as soon as stdin reaches EOF (the owning process is gone).
-PID1_SOURCE = r"""
-import os, signal, sys, threading, time
-try:  # not dumpable: processes of the same uid cannot ptrace it or read its /proc files
-    import ctypes
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-except Exception: pass
-for s in range(1, signal.NSIG):
-    if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
-        try: signal.signal(s, signal.SIG_IGN)
-        except (OSError, ValueError): pass
-def watch():
-    try:
-        while os.read(0, 65536): pass
-    except OSError: pass
-    os._exit(0)
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # waited for below (the watcher inherits the mask)
-threading.Thread(target=watch, daemon=True).start()
-while True:
-    try: os.wait()
-    except ChildProcessError: signal.sigtimedwait({signal.SIGCHLD}, 0.2)  # an orphan arrives: reap it at once
-    except OSError: time.sleep(0.2)
-"""
-
-# Kill sandbox processes left behind by a call (forks, daemons): every process but PID 1, itself, its parent (the
-# `timeout` wrapper) and, when given,
-# the interpreter whose pid (inside the container) is argv[1] ("0" kills the interpreter too) and its keeper (argv[2]).
-CLEANUP_SOURCE = r"""
-import os, sys, signal
-spare = {1, os.getpid(), os.getppid(), *map(int, sys.argv[1:])}
-for _ in range(3):
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) not in spare:
-            try: os.kill(int(d), signal.SIGKILL)
-            except OSError: pass
-"""
-
-# Reuse: the keeper, one per container, started with `docker exec -i` (the only exec of the container's life, while
-# resets succeed). It forks each episode's interpreter from a pristine copy of sandbox/interpreter.py it loaded at
-# start (a fork instead of a `docker exec` and a Python start-up). The interpreter writes to the exec's stdout
-# itself (so a cell that kills the keeper, `os.kill(-1, SIGKILL)`, still answers, as on a fresh container); the
-# keeper relays the exec's stdin to it, so the host talks to the interpreter exactly as to one started by its own
-# exec. Lines on stdin starting with {"keeper" are requests to the keeper itself, answered on stdout (after a
-# newline, while no interpreter runs) with the request's nonce, which user code never sees: "reset" kills and reaps
-# the interpreter (the host then kills every other process), "spawn" forks the next interpreter (its ready line
-# follows the answer). The keeper never runs user code, imports nothing after start, ignores signals and is not
-# dumpable (no ptrace, no /proc memory or fds for the sandbox user); the sandbox user can still kill or stop it,
-# and the host then starts a new keeper with an exec, or removes the container when the reset does not answer.
-# When its interpreter dies during an episode the keeper exits with the interpreter's status (seen through a
-# pidfd), so the host sees the end of the stream as before.
-KEEPER_SOURCE = r"""
-import ctypes, json, os, select, signal, sys, traceback
-libc = ctypes.CDLL(None)
-libc.prctl(4, 0, 0, 0, 0)
-for s in range(1, signal.NSIG):
-    if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
-        try: signal.signal(s, signal.SIG_IGN)
-        except (OSError, ValueError): pass
-ns = {"__name__": "flywheel_interpreter", "__builtins__": __builtins__}
-exec(compile(sys.argv[1], "<interpreter>", "exec"), ns)
-workdir, adj = sys.argv[2], sys.argv[3]
-sys.argv = ["-c"]
-child, to_child, child_fd = 0, -1, -1
-inbuf, childbuf = bytearray(), bytearray()
-
-def interpreter(r):
-    code = 1
-    try:
-        os.dup2(r, 0)
-        os.closerange(3, 1 << 16)
-        for s in range(1, signal.NSIG):
-            try: signal.signal(s, signal.SIG_DFL)
-            except (OSError, ValueError): pass
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        libc.prctl(4, 1, 0, 0, 0)
-        with open("/proc/self/oom_score_adj", "w") as f: f.write(adj)
-        os.chdir(workdir)
-        ns["main"]()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for f in (sys.stdout, sys.stderr):
-            try: f.flush()
-            except Exception: pass
-        os._exit(code)
-
-def say(obj, lead=b"\n"):
-    data = lead + json.dumps(obj).encode() + b"\n"
-    while data:
-        data = data[os.write(1, data):]
-
-def spawn():
-    global child, to_child, child_fd
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        interpreter(r)
-    os.close(r)
-    os.set_blocking(w, False)
-    child, to_child, child_fd = pid, w, os.pidfd_open(pid)
-
-def drop():
-    global child, to_child, child_fd
-    if child:
-        try: os.kill(child, signal.SIGKILL)
-        except OSError: pass
-        try: os.waitpid(child, 0)
-        except ChildProcessError: pass
-    for fd in (to_child, child_fd):
-        if fd >= 0: os.close(fd)
-    child, to_child, child_fd = 0, -1, -1
-    childbuf.clear()
-
-def control(line):
-    req = json.loads(line)
-    reply = {"keeper": req["nonce"]}
-    if req["keeper"] == "reset":
-        drop()
-        say(reply)
-    elif req["keeper"] == "spawn":
-        drop()
-        say(reply)  # before the interpreter exists: its lines follow on the same stdout
-        spawn()
-    else:
-        say({**reply, "error": "unknown request"})
-
-os.set_blocking(0, False)
-say({"keeper": "hello", "pid": os.getpid()}, b"")
-while True:
-    want = {0: select.POLLIN} if len(childbuf) < (1 << 24) else {}
-    if child_fd >= 0:
-        want[child_fd] = select.POLLIN
-    if childbuf and to_child >= 0:
-        want[to_child] = select.POLLOUT
-    poller = select.poll()
-    for fd, ev in want.items():
-        poller.register(fd, ev)
-    for fd, ev in poller.poll():
-        if fd == 0:
-            data = os.read(0, 1 << 20) if ev & (select.POLLIN | select.POLLHUP) else b""
-            if not data:
-                os._exit(0)
-            inbuf.extend(data)
-            while True:
-                nl = inbuf.find(b"\n")
-                if nl < 0: break
-                line = bytes(inbuf[:nl + 1]); del inbuf[:nl + 1]
-                if line.startswith(b'{"keeper"'):
-                    control(line)
-                elif to_child >= 0:
-                    childbuf.extend(line)
-        elif fd == child_fd:
-            _, status = os.waitpid(child, 0)
-            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-        elif fd == to_child:
-            try: del childbuf[:os.write(to_child, childbuf)]
-            except BlockingIOError: pass
-            except BrokenPipeError: childbuf.clear()
-"""
 KEEPER_OOM_ADJ = 200  # the OOM killer takes commands (500), then the interpreter (300), then the keeper
-
-# Reuse: the check a fresh interpreter runs as its warm-up cell (in a namespace of its own, so the episode's globals
-# stay empty), after the host killed every process of the last episode. With EMPTY it first empties RESET_DIRS
-# (as the sandbox user, never following a link; folders made unreadable are opened up first). It prints the state
-# a reset must restore, as JSON: other processes (but PID 1 and the keeper), the writable folders (entries, mode,
-# owner, extended attributes), /dev/mqueue, System V IPC objects and the writable mounts. The host compares it with what the same container
-# printed when it was fresh (the fresh path runs this cell too, without EMPTY, so both look the same to an episode).
 RESET_DIRS = ("/tmp", WORKDIR, "/dev/shm")
-RESET_CHECK_SOURCE = r"""
-import json, os, stat
-def rm(p):
-    if stat.S_ISDIR(os.lstat(p).st_mode):
-        os.chmod(p, 0o700)
-        for n in os.listdir(p):
-            rm(os.path.join(p, n))
-        os.rmdir(p)
-    else:
-        os.unlink(p)
-problems = []
-if EMPTY:
-    for d in DIRS:
-        for n in os.listdir(d):
-            try: rm(os.path.join(d, n))
-            except (OSError, RecursionError) as e: problems.append(f"cannot remove {d}/{n}: {type(e).__name__}")
-state = {"problems": problems, "processes": sorted(int(p) for p in os.listdir("/proc")
-                                                   if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid()))}
-for d in DIRS + ("/dev/mqueue",):
-    try:
-        st = os.lstat(d)
-        state[d] = [sorted(os.listdir(d)), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, sorted(os.listxattr(d))]
-    except OSError as e:
-        state[d] = type(e).__name__
-for k in ("shm", "sem", "msg"):
-    try: state["sysvipc " + k] = len(open(f"/proc/sysvipc/{k}").read().splitlines())
-    except OSError as e: state["sysvipc " + k] = type(e).__name__
-mounts = []
-for line in open("/proc/self/mountinfo"):
-    f = line.split()
-    i = f.index("-")
-    if "rw" in f[5].split(","):
-        mounts.append([f[4], f[5], f[i + 1], f[i + 3] if len(f) > i + 3 else ""])
-state["writable mounts"] = sorted(mounts)
-print(json.dumps(state))
-"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -614,8 +408,8 @@ def _warm(it: _Interp) -> None:
 
 
 def _reset_check(it: _Interp, empty: bool) -> dict:
-    """Run RESET_CHECK_SOURCE as the interpreter's warm-up cell; returns the state it printed."""
-    code = f"exec({RESET_CHECK_SOURCE!r}, {{'EMPTY': {empty!r}, 'DIRS': {RESET_DIRS!r}}})"
+    """Run the reset check (sandbox/guest/reset.py) as the interpreter's warm-up cell; returns the state it printed."""
+    code = programs.cell("reset", *(["--empty"] if empty else []), *RESET_DIRS)
     raw = it.client.call_raw(code, 10, 1 << 16)
     state = None
     if not raw["died"] and raw["exit_code"] == 0 and not raw["truncated"]:
@@ -643,7 +437,7 @@ def _await_ready(exec_id: str, st: _Stream, transport: _ExecTransport, keeper: i
 
 
 def _start_interpreter(api, cid: str, user: str = SANDBOX_USER, workdir: str = WORKDIR) -> _Interp:
-    """Start sandbox/interpreter.py in the container with `docker exec -i` and wait for its ready line."""
+    """Start the interpreter (sandbox/guest/kernel.py) in the container with `docker exec -i` and wait for its ready line."""
     exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ, user=user,
                               workdir=workdir)
     return _await_ready(exec_id, st, _ExecTransport(st))
@@ -666,8 +460,9 @@ def _keeper_call(transport: _ExecTransport, op: str, timeout_s: float = RESET_WA
 
 
 def _start_keeper(api, cid: str) -> _Interp:
-    """Start the keeper (KEEPER_SOURCE) with `docker exec -i`, have it fork an interpreter, wait for its ready line."""
-    argv = ["python3", "-u", "-c", KEEPER_SOURCE, interpreter_source(), WORKDIR, str(INTERP_OOM_ADJ)]
+    """Start the keeper (sandbox/guest/keeper.py) with `docker exec -i`, have it fork an interpreter, wait for its
+    ready line."""
+    argv = programs.command("python3", "keeper", WORKDIR, str(INTERP_OOM_ADJ))
     exec_id, st = _start_exec(api, cid, argv, stdin=True, adj=KEEPER_OOM_ADJ)
     transport = _ExecTransport(st)
     try:
@@ -685,14 +480,7 @@ def _start_keeper(api, cid: str) -> _Interp:
 
 def _host_pid(procs: list[int], ns_pid: int) -> int:
     """The host pid of the container process whose pid inside the container is ns_pid (0 when none is)."""
-    for p in procs:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("NSpid:") and int(line.split()[-1]) == ns_pid:
-                    return p
-        except (OSError, ValueError):
-            continue
-    return 0
+    return next((p for p in procs if procfs.ns_pid(p) == ns_pid), 0)
 
 
 def attach_and_start(api, cid: str) -> Any:
@@ -783,8 +571,8 @@ class DockerSandbox:
         exhausted), replace the container. Returns a note for stderr, or None."""
         try:
             keeper = self._interp.keeper if keep_pid and self._interp is not None else 0
-            ex_id, st = self._start_exec(["timeout", "-s", "KILL", "5", "python3", "-S", "-c", CLEANUP_SOURCE,
-                                          str(keep_pid), str(keeper)], stdin=False)
+            ex_id, st = self._start_exec(["timeout", "-s", "KILL", "5", *programs.command(
+                "python3", "cleanup", str(keep_pid), str(keeper))], stdin=False)
             deadline = time.monotonic() + 6
             while not st.eof and st.read_frames(deadline) is not None:
                 pass
@@ -1062,7 +850,7 @@ class DockerBackend:
             ipc_mode="private", ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=1024, hard=1024)],
         )
         cont = api.create_container(
-            c.image, command=["python3", "-S", "-c", PID1_SOURCE], user=SANDBOX_USER, working_dir=WORKDIR,
+            c.image, command=programs.command("python3", "pid1"), user=SANDBOX_USER, working_dir=WORKDIR,
             hostname="sandbox", stdin_open=True, network_disabled=True, environment=[], use_config_proxy=False,
             labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance}, host_config=host_config,
         )

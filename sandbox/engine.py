@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
+from sandbox import procfs
 from sandbox.result import SandboxUnavailable
 
 LABEL = "flywheel.sandbox"
@@ -52,19 +52,10 @@ def image_id(tag: str, client=None) -> str | None:
         return None
 
 
-def proc_start(pid: int) -> str | None:
-    """The start time of process `pid` (clock ticks since boot, from /proc), or None when it does not run."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return stat.rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
 def owner_tag(pid: int | None = None) -> str:
     """The owner label value of process `pid` (this one by default): hostname:pid:start-time."""
     pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}:{pid}:{proc_start(pid) or '?'}"
+    return f"{socket.gethostname()}:{pid}:{procfs.start_time(pid) or '?'}"
 
 
 def owner_alive(owner: str, hostname: str | None = None) -> bool:
@@ -77,7 +68,7 @@ def owner_alive(owner: str, hostname: str | None = None) -> bool:
         pid = int(pid_s)
     except ValueError:
         return False  # malformed owner of our label: nobody can claim it
-    now = proc_start(pid)
+    now = procfs.start_time(pid)  # a zombie owner has exited: its containers are strays
     if now is None:
         return False
     return start in ("", "?") or now == start

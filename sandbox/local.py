@@ -7,13 +7,13 @@ links), a generated /etc/passwd and /etc/group, private /proc and /dev, size-lim
 /dev/shm (fresh per episode: nothing of one episode is visible to the next), user nobody (65534) with no
 capabilities, no-new-privileges, no nested user namespaces, and an environment of our own (never the host's).
 
-PID 1 of the sandbox is a tiny holder that reaps orphans, cannot be killed from inside (the kernel drops SIGKILL
+PID 1 of the sandbox is a tiny holder (sandbox/guest/holder.py) that reaps orphans, cannot be killed from inside (the kernel drops SIGKILL
 sent to a namespace's init from inside it) and exits when its stdin closes, that is when the owning process dies,
 even by SIGKILL: the kernel then kills every process of the sandbox. Every command (`exec`, `write_files`, the
-persistent interpreter of `run_python`) enters the running sandbox through a small helper (ENTER_SOURCE, run by
-the host's /usr/bin/python3) that joins its namespaces, drops to nobody, applies the rlimits and execs the command;
+persistent interpreter of `run_python`) enters the running sandbox through a small helper (sandbox/guest/enter.py, run
+by the host's /usr/bin/python3) that joins its namespaces, drops to nobody, applies the rlimits and execs the command;
 so calls share the sandbox's files like `docker exec` does. `run_python`'s interpreter is not started that way:
-each sandbox has a zygote (sandbox/interpreter.py), a pristine Python process entered once, that forks a fresh
+each sandbox has a zygote (sandbox/guest/zygote.py), a pristine Python process entered once, that forks a fresh
 interpreter per episode (and after an interpreter dies) in about a millisecond.
 
 Reuse (`SandboxConfig.reuse`): closing an episode hands its sandbox to the pool thread instead of killing it. The
@@ -58,16 +58,10 @@ import weakref
 from pathlib import Path
 from typing import Self
 
+from sandbox import procfs, programs
 from sandbox.capture import STDERR, STDOUT, Capture, with_notes
 from sandbox.files import write_files
-from sandbox.interpreter import (
-    GONE_NOTE,
-    ZYGOTE_ARG,
-    InterpreterClient,
-    InterpreterError,
-    PipeTransport,
-    interpreter_source,
-)
+from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, PipeTransport
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
@@ -79,17 +73,8 @@ MARKER = "flywheel-local-sandbox"  # in the holder's command line: how tests and
 OWNER_ARG = "owner="  # after MARKER: owner=PID-STARTTIME of the process that started the sandbox (reap_orphans)
 
 
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of pid (field 22 of /proc/PID/stat); None when gone or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
 def _owner_arg() -> str:
-    return f"{OWNER_ARG}{os.getpid()}-{_process_start(os.getpid())}"
+    return f"{OWNER_ARG}{os.getpid()}-{procfs.start_time(os.getpid())}"
 
 
 def reap_orphans() -> int:
@@ -99,21 +84,16 @@ def reap_orphans() -> int:
     kill test of `flywheel run`: a bwrap left 30 s after its command died). Called by the shared server's watchdog
     and by each command when its server answers. Returns how many processes it killed."""
     killed = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for pid in procfs.pids():
+        argv = procfs.cmdline(pid)
         if MARKER.encode() not in argv:
             continue
         owner = next((a[len(OWNER_ARG):].decode() for a in argv if a.startswith(OWNER_ARG.encode())), None)
-        pid, _, start = (owner or "").partition("-")
-        if not pid.isdigit() or _process_start(int(pid)) == start:
+        owner_pid, _, start = (owner or "").partition("-")
+        if not owner_pid.isdigit() or procfs.start_time(int(owner_pid)) == start:
             continue
         try:
-            os.kill(int(d.name), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
             killed += 1
         except OSError:
             pass
@@ -132,94 +112,6 @@ SANDBOX_ENV = {
 }
 PASSWD = "root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
-
-# PID 1 of the sandbox: reap every orphan (SIGCHLD ignored = auto-reap), say ready, live until stdin closes.
-HOLDER_SOURCE = r"""
-import os, signal
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-os.write(1, b"R")
-os.close(1)
-try:
-    while os.read(0, 4096):
-        pass
-finally:
-    os._exit(0)
-"""
-
-# Enter a running sandbox: argv = [holder_pid, status_fd, spec_json, *command]. Joins the namespaces of the holder
-# (first the user namespace that owns them, then the sandbox's own nested one), chroots to its root, writes "ok"
-# on status_fd, forks (to land in the pid namespace), and in the child applies the spec (rlimits, CPU affinity,
-# uid/gid, no-new-privs, death signal) and execs the command. The parent waits and exits with the child's status
-# (re-raising its signal), so the host sees the command's exit status. Runs with the host's python3 -S.
-ENTER_SOURCE = r"""
-import ctypes, fcntl, json, os, resource, signal, sys
-holder, status_fd, spec, argv = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:]
-if os.geteuid() == 0:
-    os.setgroups([])  # root's supplementary groups never enter a sandbox
-libc = ctypes.CDLL(None, use_errno=True)
-def setns(fd, what):
-    if libc.setns(fd, 0) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, "setns(%s): %s" % (what, os.strerror(e)))
-try:
-    ns = {n: os.open("/proc/%s/ns/%s" % (holder, n), os.O_RDONLY | os.O_CLOEXEC)
-          for n in ("user", "mnt", "pid", "net", "ipc", "uts")}
-    root = os.open("/proc/%s/root" % holder, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
-    # the pid may have been reused by another process: go on only if it still is this sandbox's PID 1
-    if ("pid:[%d]" % os.fstat(ns["pid"]).st_ino != spec["pidns"]
-            or os.readlink("/proc/%s/ns/pid" % holder) != spec["pidns"]):
-        raise OSError(3, "process %s is no longer the sandbox's PID 1" % holder)
-    owner = fcntl.ioctl(ns["mnt"], 0xB701)  # NS_GET_USERNS: the user namespace owning the sandbox's namespaces
-    if os.fstat(owner).st_ino != os.stat("/proc/self/ns/user").st_ino:
-        setns(owner, "owner user")
-    for n in ("mnt", "pid", "net", "ipc", "uts"):
-        setns(ns[n], n)
-    if os.fstat(owner).st_ino != os.fstat(ns["user"]).st_ino:
-        setns(ns["user"], "user")
-    os.fchdir(root)
-    os.chroot(".")
-    os.chdir(spec["cwd"])
-except OSError as e:
-    os.write(status_fd, ("cannot enter sandbox %s: %s" % (holder, e)).encode())
-    os._exit(125)
-os.write(status_fd, b"ok")
-os.close(status_fd)
-parent = os.getpid()
-child = os.fork()
-if child == 0:
-    try:
-        for name, (soft, hard) in spec["rlimits"].items():
-            resource.setrlimit(getattr(resource, name), (soft, hard))
-        if spec["cpus"]:
-            os.sched_setaffinity(0, spec["cpus"])
-        os.setgid(spec["gid"])
-        os.setuid(spec["uid"])
-        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (after setuid, which clears it)
-        if os.getppid() != parent and os.getppid() != 0:
-            os._exit(137)
-        os.execvpe(argv[0], argv, spec["env"])
-    except FileNotFoundError:
-        os.write(2, ("%s: command not found\n" % argv[0]).encode())
-        os._exit(127)
-    except OSError as e:
-        os.write(2, ("cannot run %s: %s\n" % (argv[0], e)).encode())
-        os._exit(126)
-while True:
-    try:
-        _, status = os.waitpid(child, 0)
-        break
-    except InterruptedError:
-        continue
-if os.WIFSIGNALED(status):
-    sig = os.WTERMSIG(status)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if sig not in (signal.SIGKILL, signal.SIGSTOP):
-        signal.signal(sig, signal.SIG_DFL)
-    os.kill(os.getpid(), sig)
-os._exit(os.waitstatus_to_exitcode(status))
-"""
-
 
 def _host_python() -> str:
     """The python3 under /usr: bound read-only into the sandbox and used to enter it."""
@@ -267,15 +159,6 @@ def _read_now(fd: int) -> str:
         return os.read(fd, 1 << 16).decode(errors="replace")[-500:]
     except OSError:
         return ""
-
-
-def _running(pid: int) -> bool:
-    """Whether a host pid is a process that has not exited yet (gone, or a zombie waiting for its parent: no)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 :][:1] not in (b"Z", b"X")
 
 
 def _killpg(proc: subprocess.Popen) -> None:
@@ -334,7 +217,7 @@ class LocalSandbox:
             "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", WORKDIR, "--clearenv", *[x for k, v in SANDBOX_ENV.items() for x in ("--setenv", k, v)],
             "--info-fd", str(info),
-            "--", o.python, "-S", "-c", HOLDER_SOURCE, MARKER, _owner_arg(),
+            "--", *programs.command(o.python, "holder", MARKER, _owner_arg()),
         ]
         args = [*o.host_prefix, *args]
         try:
@@ -432,8 +315,8 @@ class LocalSandbox:
         status_r, status_w = os.pipe()
         try:
             proc = subprocess.Popen(
-                [self._owner.python, "-S", "-c", ENTER_SOURCE, str(self.holder_pid), str(status_w),
-                 self._spec(exec_call, timeout_s), *argv],
+                programs.command(self._owner.python, "enter", str(self.holder_pid), str(status_w),
+                                 self._spec(exec_call, timeout_s), *argv),
                 stdin=(subprocess.PIPE if stdin else subprocess.DEVNULL) if isinstance(stdin, bool) else stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True, env={})
@@ -472,22 +355,15 @@ class LocalSandbox:
                     continue
         left, end = set(killed), time.monotonic() + STRAY_WAIT_S
         while left and time.monotonic() < end:
-            left = {pid for pid in left if _running(pid)}
+            left = {pid for pid in left if procfs.running(pid)}
             if left:
                 time.sleep(0.005)
         return len(killed)
 
     def _children_of(self, helper_pid: int) -> list[int]:
         """Host pids of the sandbox processes whose parent is the given enter helper."""
-        found = []
-        for pid in self.processes():
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_bytes()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == helper_pid:
-                found.append(pid)
-        return found
+        stats = (procfs.stat(pid) for pid in self.processes())
+        return [st.pid for st in stats if st is not None and st.ppid == helper_pid]
 
     def _interp_keep(self) -> set[int]:
         """Host pids of the zygote, its enter helper and the interpreter (spared by _kill_strays)."""
@@ -512,17 +388,9 @@ class LocalSandbox:
 
     def processes(self) -> list[int]:
         """Host pids of every process in this sandbox (PID 1 included); empty once closed."""
-        found: list[int] = []
         if self.closed:
-            return found
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    if os.readlink(f"/proc/{d}/ns/pid") == self._pidns:
-                        found.append(int(d))
-                except OSError:
-                    continue
-        return found
+            return []
+        return [pid for pid in procfs.pids() if procfs.namespace(pid, "pid") == self._pidns]
 
     def alive(self) -> bool:
         """Whether the sandbox's PID 1 is still running (and close() was not called)."""
@@ -682,11 +550,11 @@ class LocalSandbox:
 
     # -- the zygote and run_python -------------------------------------------------------------------------------
     def _start_zygote(self) -> None:
-        """Start the sandbox's zygote (sandbox/interpreter.py): the pristine process that forks every interpreter of
+        """Start the sandbox's zygote (sandbox/guest/zygote.py): the pristine process that forks every interpreter of
         this sandbox and resets it between episodes. Raises SandboxError when it does not come up."""
         host_end, box_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            proc, status_r = self._enter([self._owner.python, "-u", "-c", self._owner.interpreter_source, ZYGOTE_ARG],
+            proc, status_r = self._enter(programs.command(self._owner.python, "zygote"),
                                          exec_call=False, timeout_s=0, stdin=box_end.fileno())
         except OSError as e:
             host_end.close()
@@ -864,7 +732,7 @@ class LocalSandbox:
         return box
 
     def _reset(self) -> str | None:
-        """Make a used sandbox as good as new for the next episode (see the zygote in sandbox/interpreter.py) and
+        """Make a used sandbox as good as new for the next episode (see sandbox/guest/zygote.py and the one reset check, sandbox/guest/reset.py) and
         check it from the host too; None when it is, else why not (then the caller destroys it)."""
         with self._lock:
             try:
@@ -943,13 +811,12 @@ class LocalBackend:
         self.python = _host_python()
         if not any(os.access(f"{d}/timeout", os.X_OK) for d in ("/usr/bin", "/bin")):
             raise SandboxUnavailable("coreutils `timeout` is missing from /usr/bin; fix: apt-get install coreutils")
-        self.interpreter_source = interpreter_source()
         self.prestart_interpreter = prestart_interpreter
         self.reuse = self.config.reuse
         self.stats = {"started": 0, "reused": 0, "reset_failed": 0}  # sandboxes started; episodes on a reset one
         # As root, sandboxes run as an unprivileged host user: RLIMIT_NPROC is not enforced for host root, and a
         # sandbox mapped to host root would own root's files. Entering stays root (then drops to nobody inside).
-        # The switch goes through setpriv (and ENTER_SOURCE drops root's groups itself), not Popen(user=, group=,
+        # The switch goes through setpriv (and sandbox/guest/enter.py drops root's groups itself), not Popen(user=, group=,
         # extra_groups=): those make CPython fork instead of vfork, and forking a flow process that holds torch and a
         # model (~700 MB) cost ~45 ms per spawn, measured: the flywheel's 4,000-episode teacher stage took 250 s
         # that way, 107-116 s now.

@@ -79,6 +79,36 @@ def stats(proc: str = "/proc") -> list[Stat]:
     return [st for st in (stat(p, proc) for p in pids(proc)) if st is not None]
 
 
+def namespace(pid: int, kind: str, proc: str = "/proc") -> str | None:
+    """The namespace of `kind` (pid, mnt, user, ...) that `pid` is in, as the kernel names it ("pid:[4026532]"),
+    or None when the process is gone or not ours to look at."""
+    try:
+        return os.readlink(f"{proc}/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def ns_pid(pid: int, proc: str = "/proc") -> int | None:
+    """The pid of `pid` in its innermost pid namespace (the last NSpid of /proc/PID/status), or None when gone."""
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cmdline(pid: int, proc: str = "/proc") -> list[bytes]:
+    """The arguments `pid` was started with (empty when it is gone, or a kernel thread)."""
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 def descendants(root_pid: int, proc: str = "/proc") -> list[int]:
     """Pids of all live descendants of `root_pid`, parents before their children."""
     children: dict[int, list[int]] = {}

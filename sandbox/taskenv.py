@@ -32,7 +32,8 @@ import tarfile
 import time
 from pathlib import Path, PurePosixPath
 
-from sandbox.docker import PID1_SOURCE, DockerBackend, DockerSandbox, _Cgroup, _Container, attach_and_start
+from sandbox import programs
+from sandbox.docker import DockerBackend, DockerSandbox, _Cgroup, _Container, attach_and_start
 from sandbox.engine import BACKEND_LABEL, LABEL, OWNER_LABEL, docker_client, image_id
 from sandbox.result import SandboxConfig, SandboxError, SandboxUnavailable
 
@@ -200,7 +201,7 @@ class TaskEnvBackend(DockerBackend):
                                          Ulimit(name="nofile", soft=1024, hard=1024)],
         )
         cont = api.create_container(
-            c.image, command=["python3", "-S", "-c", PID1_SOURCE], entrypoint=[], user=self.exec_user,
+            c.image, command=programs.command("python3", "pid1"), entrypoint=[], user=self.exec_user,
             working_dir=self.exec_workdir, hostname="sandbox", stdin_open=True, network_disabled=True,
             environment=self.env,
             use_config_proxy=False, labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance},

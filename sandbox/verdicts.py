@@ -77,7 +77,7 @@ def python_verdict(*, timed_out: bool, died: bool, killed_by: int | None, memory
                    pids_limit: int) -> tuple[ExecVerdict, str | None]:
     """The verdict of one `run_python` call and the note that explains a limit (None otherwise).
 
-    The fields are the interpreter's answer (sandbox/interpreter.py): timed_out, memory_error (the cell raised
+    The fields are the interpreter's answer (sandbox/guest/kernel.py): timed_out, memory_error (the cell raised
     MemoryError), error (its traceback), exit_code (its SystemExit code); died: the interpreter died or hung and
     was killed, killed_by: the signal that ended it when the backend can tell."""
     hit = _limits(oom=oom, pids=pids, memory_mb=memory_mb, pids_limit=pids_limit)

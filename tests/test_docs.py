@@ -79,7 +79,7 @@ NOT_KNOWN_ERRORS = {
     ("tasks.tools", "ToolArgumentError"): "a model's bad tool call: recorded as a model_error verdict on the row",
     ("agents.loop", "MalformedToolCall"): "a model's unreadable tool call: recorded as a model_error verdict on the row",
     ("warehouse.chat", "ConversationError"): "a row SFT cannot render: counted as dropped; export raises ExportError",
-    ("sandbox.interpreter", "CallTimeout"): "inside the sandbox interpreter: a call's timeout verdict",
+    ("sandbox.guest.kernel", "CallTimeout"): "inside the sandbox interpreter: a call's timeout verdict",
     ("sandbox.interpreter", "InterpreterError"): "the backends turn it into an infra_error verdict on the row",
     # Raised only when the code itself is wrong (input was validated before): a traceback is the right report.
     ("tasks.unittests", "VerifierError"): "a verifier kind the spec's Literal forbids reached verify()",

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from sandbox.interpreter import InterpreterClient, InterpreterError, PipeTransport, interpreter_argv, interpreter_source
+from sandbox import programs
+from sandbox.interpreter import InterpreterClient, InterpreterError, PipeTransport, interpreter_argv
 from sandbox.verdicts import exec_fields
 
 LIMIT = 10_000
@@ -42,11 +43,11 @@ def interp():
     it.proc.wait(timeout=5)
 
 
-def test_source_is_this_module_and_runs_without_a_file():
-    src = interpreter_source()
-    assert "class InterpreterClient" in src and "def main()" in src
+def test_source_is_the_kernel_module_and_runs_without_a_file():
+    src = programs.source("sandbox.guest.kernel")
+    assert "class _Kernel" in src and "def main(" in src and src in interpreter_argv(sys.executable)
     # -c: no __file__, no package; the ready line comes first
-    p = subprocess.run([sys.executable, "-u", "-c", src], input=b"", capture_output=True, timeout=30, check=False)
+    p = subprocess.run(interpreter_argv(sys.executable), input=b"", capture_output=True, timeout=30, check=False)
     first = json.loads(p.stdout.splitlines()[0])
     assert first["ready"] is True and p.returncode == 0, p.stderr
 
