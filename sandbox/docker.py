@@ -41,34 +41,44 @@ does not come up, or no cgroup reachable: a remote engine, not root) removes the
 and the container's uptime and cgroup counters (CPU used, OOM kills seen) carry over; Docker's seccomp profile
 refuses kernel keyrings, so there are none to clear.
 The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
-(sandbox/capture.py), the file writer (sandbox/files.py) and the interpreter-protocol client, which this module
-plugs into the exec socket (`_ExecTransport`, sandbox/interpreter.py).
+(sandbox/capture.py), the file writer (sandbox/files.py), the warm pool (sandbox/pool.py), the in-sandbox programs
+(sandbox/guest/) and the interpreter-protocol client (sandbox/interpreter.py). Nor are the Docker parts that are
+nouns of their own: the container's cgroup (sandbox/cgroup.py), the exec channel (sandbox/dockerexec.py) and the
+interpreter and keeper started through it (sandbox/dockerinterp.py).
 This module does not build images (sandbox/image.py) nor choose a backend (sandbox/backend.py).
 """
 
 from __future__ import annotations
 
 import atexit
-import io
-import json
 import logging
 import os
 import queue
 import re
-import select
 import signal
-import socket
-import struct
 import threading
 import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sandbox import procfs, programs
-from sandbox.capture import Capture, text, with_notes
+from sandbox import programs
+from sandbox.capture import Capture, with_notes
+from sandbox.cgroup import Cgroup, Counters
+from sandbox.dockerexec import ExecStream, is_infra, start_exec
+from sandbox.dockerinterp import (
+    GRACE_S,
+    RESET_WAIT_S,
+    Interp,
+    await_ready,
+    host_pid,
+    keeper_call,
+    reset_check,
+    start_interpreter,
+    start_keeper,
+    warm,
+)
 from sandbox.engine import (
     BACKEND_LABEL,
     LABEL,
@@ -80,407 +90,32 @@ from sandbox.engine import (
     owner_tag,
 )
 from sandbox.files import write_files
-from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, interpreter_argv
+from sandbox.interpreter import GONE_NOTE
+from sandbox.pool import PoolDriver, PoolSettings, WarmPool
 from sandbox.reaper import reap
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 2.0  # how long past its timeout a call may take before our own backstop kills it
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
-STARTUP_TIMEOUT_S = 30.0
 REUSE_SPARE = 2  # with reuse, containers the pool starts beyond those in use (a reset takes a few ms)
-RESET_WAIT_S = 2.0  # a reset whose processes are not all gone (or frozen) by then fails: the container is removed
 
-KEEPER_OOM_ADJ = 200  # the OOM killer takes commands (500), then the interpreter (300), then the keeper
-RESET_DIRS = ("/tmp", WORKDIR, "/dev/shm")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# cgroup counters: OOM kills and pids-limit hits of one container
-
-
-@dataclass
-class _Counters:
-    oom_kill: int = 0
-    pids_max: int = 0
-
-
-class _Cgroup:
-    """Reads the container's cgroup event counters from /sys/fs/cgroup when the engine is local (v1 or v2)."""
-
-    def __init__(self, cid: str):
-        base = Path("/sys/fs/cgroup")
-        candidates = [
-            (base / "memory/docker" / cid / "memory.oom_control", base / "pids/docker" / cid / "pids.events"),
-            (base / f"system.slice/docker-{cid}.scope/memory.events", base / f"system.slice/docker-{cid}.scope/pids.events"),
-            (base / "docker" / cid / "memory.events", base / "docker" / cid / "pids.events"),
-        ]
-        self.mem: Path | None = None
-        self.pids: Path | None = None
-        for mem, pids in candidates:
-            if mem.exists():
-                self.mem, self.pids = mem, (pids if pids.exists() else None)
-                break
-        # what a reset needs (reuse): the container's processes, a freezer, and the limits it was started with
-        self.procs: Path | None = None
-        self.freeze: tuple[Path, str, str] | None = None  # (file, value that freezes, value that thaws)
-        self.limits: list[Path] = []
-        if self.mem is not None and self.mem.name == "memory.oom_control":  # v1: one hierarchy per controller
-            self.procs = self.pids.parent / "cgroup.procs" if self.pids is not None else None
-            self.freeze = (base / "freezer/docker" / cid / "freezer.state", "FROZEN", "THAWED")
-            self.limits = [self.mem.parent / "memory.limit_in_bytes", self.mem.parent / "memory.memsw.limit_in_bytes",
-                           base / "pids/docker" / cid / "pids.max", base / "cpu/docker" / cid / "cpu.cfs_quota_us"]
-        elif self.mem is not None:  # v2: one directory
-            d = self.mem.parent
-            self.procs = d / "cgroup.procs"
-            self.freeze = (d / "cgroup.freeze", "1", "0")
-            self.limits = [d / "memory.max", d / "memory.swap.max", d / "pids.max", d / "cpu.max"]
-        self.limits = [x for x in self.limits if x.exists()]
-
-    @property
-    def available(self) -> bool:
-        return self.mem is not None
-
-    @staticmethod
-    def _field(path: Path | None, name: str) -> int:
-        if path is None:
-            return 0
-        try:
-            for line in path.read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == name:
-                    return int(v)
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    def read(self) -> _Counters:
-        return _Counters(self._field(self.mem, "oom_kill"), self._field(self.pids, "max"))
-
-    @property
-    def resettable(self) -> bool:
-        """The host can kill this container's processes itself: the process list and the freezer are there."""
-        return self.procs is not None and self.procs.exists() and self.freeze is not None and self.freeze[0].exists()
-
-    def processes(self) -> list[int]:
-        """Host pids of every process in the container (PID 1, exec'd commands, their children)."""
-        assert self.procs is not None
-        return [int(x) for x in self.procs.read_text().split()]
-
-    def limit_values(self) -> list[str]:
-        """The memory, swap, pids and CPU limits as the kernel holds them (a reused container must keep them)."""
-        return [x.read_text().strip() for x in self.limits]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# raw exec streams
-
-
-def _wait(sock: socket.socket, event: int, timeout_s: float) -> bool:
-    """poll() one socket (select() breaks on descriptors past 1024, which a busy process reaches)."""
-    p = select.poll()
-    p.register(sock, event | select.POLLHUP | select.POLLERR)
-    return bool(p.poll(max(0, int(timeout_s * 1000) + 1)))
-
-
-def _read_ahead(sock_io: Any, sock: Any) -> bytes:
-    """The bytes of the exec's stream that http.client already read into the response's buffer with the headers.
-
-    docker-py hands over the raw socket under the response's BufferedReader; when the command writes quickly (a
-    short exec, a busy host that parses the headers late) its first frames sit in that buffer, and reading only the
-    socket loses them: `echo 636` came back empty, and an interpreter's ready line never came."""
-    try:
-        fp = sock_io._response.raw._fp.fp
-    except AttributeError:
-        return b""
-    if not isinstance(fp, io.BufferedReader) or not isinstance(sock, socket.socket):
-        return b""
-    blocking = sock.getblocking()
-    try:
-        sock.setblocking(False)
-        data = fp.read1(1 << 20)  # buffered bytes only, or one non-blocking read
-    except (OSError, ValueError):
-        data = b""
-    finally:
-        try:
-            sock.setblocking(blocking)
-        except OSError:
-            pass
-    return bytes(data or b"")
-
-
-class _Stream:
-    """Demultiplexes Docker's framed stdout/stderr stream from a hijacked socket, with deadlines."""
-
-    def __init__(self, sock_io: Any):
-        self.io = sock_io  # keep the SocketIO (and its response) alive
-        self.sock: socket.socket = getattr(sock_io, "_sock", sock_io)
-        self.buf = _read_ahead(sock_io, self.sock)
-        self.eof = False
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def send(self, data: bytes, deadline: float) -> None:
-        view = memoryview(data)
-        while view:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("stdin not consumed before the deadline")
-            if _wait(self.sock, select.POLLOUT, left):
-                n = self.sock.send(view[:65536])
-                view = view[n:]
-
-    def close_stdin(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def read_frames(self, deadline: float) -> list[tuple[int, bytes]] | None:
-        """Frames available now (waiting until the deadline for at least one byte); [] at EOF; None on timeout."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        if not _wait(self.sock, select.POLLIN, left):
-            return None
-        try:
-            data = self.sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            data = None
-        except OSError:
-            data = b""
-        if data == b"":
-            self.eof = True
-        elif data:
-            self.buf += data
-        frames = []
-        while len(self.buf) >= 8:
-            kind, size = struct.unpack(">BxxxL", self.buf[:8])
-            if len(self.buf) < 8 + size:
-                break
-            frames.append((kind, self.buf[8 : 8 + size]))
-            self.buf = self.buf[8 + size :]
-        return frames
-
-    def close(self) -> None:
-        for obj in (self.sock, self.io):
-            try:
-                obj.close()
-            except Exception:  # noqa: BLE001, S110 - closing a dead socket is best effort
-                pass
-
-
-def _is_infra(e: BaseException) -> bool:
-    import docker.errors
-    import requests
-
-    return isinstance(e, (SandboxError, docker.errors.DockerException, requests.RequestException, ConnectionError,
-                          OSError))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# containers
-
-
-class _ExecTransport:
-    """The interpreter's `docker exec -i` socket as an InterpreterClient transport: stdin out, Docker's framed
-    stdout/stderr in (stdout is the protocol; the process's own stderr is kept, up to 64 KiB, for error text).
-    With reuse the exec is the keeper's, which relays to the interpreter it forked: `read_line` reads the keeper's
-    own lines outside the client, and what arrived after such a line is handed to the next `recv`."""
-
-    def __init__(self, stream: _Stream):
-        self.stream = stream
-        self.err = bytearray()
-        self.pending = bytearray()  # stdout read past a keeper line: the next recv returns it first
-
-    def send(self, data: bytes, deadline: float) -> None:
-        self.stream.send(data, deadline)
-
-    def recv(self, deadline: float) -> bytes | None:
-        if self.pending:
-            data = bytes(self.pending)
-            self.pending.clear()
-            return data
-        return self._read(deadline)
-
-    def _read(self, deadline: float) -> bytes | None:
-        """Stdout from the socket (stderr frames kept aside), as `recv` without what is pending."""
-        while True:
-            if self.stream.eof:
-                return b""
-            frames = self.stream.read_frames(max(deadline, time.monotonic() + 0.001))
-            if frames is None:
-                return None
-            out = b""
-            for kind, data in frames:
-                if kind == 2:
-                    self.err += data[: max(0, 65536 - len(self.err))]
-                else:
-                    out += data
-            if out:
-                return out
-            if self.stream.eof:
-                return b""
-            if time.monotonic() >= deadline:
-                return None
-
-    def read_line(self, deadline: float, limit: int) -> bytes | None:
-        """One raw stdout line (the keeper's hello and answers); None at EOF or past the deadline. Raises
-        ValueError on a line over `limit` bytes."""
-        while True:
-            nl = self.pending.find(b"\n")
-            if nl >= 0:
-                line = bytes(self.pending[:nl])
-                del self.pending[: nl + 1]
-                return line
-            if len(self.pending) > limit:
-                raise ValueError(f"the keeper wrote a line over {limit} bytes")
-            data = self._read(deadline)
-            if not data:
-                return None
-            self.pending += data
-
-    def stderr_tail(self) -> str:
-        return text(self.err)[-2000:]
-
-    def close(self) -> None:
-        self.stream.close()
-
-
-@dataclass
-class _Interp:
-    """The episode's running interpreter: its exec, socket, pid inside the container, and the protocol client."""
-
-    exec_id: str
-    stream: _Stream
-    client: InterpreterClient
-    pid: int = 0
-    keeper: int = 0  # pid of its keeper inside the container (reuse), whose exec this stream is; 0: its own exec
-
-    @property
-    def transport(self) -> _ExecTransport:
-        assert isinstance(self.client.transport, _ExecTransport)
-        return self.client.transport
 
 
 @dataclass
 class _Container:
     id: str
     watch: Any  # attach socket holding PID 1's stdin open (closing it ends the container)
-    cgroup: _Cgroup
-    interp: _Interp | None = None  # started ahead by the pool, so an episode's first call is fast too
+    cgroup: Cgroup
+    interp: Interp | None = None  # started ahead by the pool, so an episode's first call is fast too
     created: float = field(default_factory=time.monotonic)
     pid1: int = 0  # host pid of PID 1 (reuse: every other process but the keeper is the episode's)
     keeper: int = 0  # host pid of the keeper (reuse), 0 when none runs
     baseline: dict | None = None  # the reset check's state when fresh (reuse)
     limits: list[str] = field(default_factory=list)  # cgroup limits when fresh (reuse)
     episodes: int = 0  # episodes this container has served
-
-
-# Every exec'd process first makes itself a preferred victim of the OOM killer (raising oom_score_adj needs no
-# privilege, lowering it below 0 does), so a memory bomb never takes PID 1 and the container down with it; commands
-# (500) go before the episode's interpreter (300), whose variables are worth more.
-EXEC_OOM_ADJ, INTERP_OOM_ADJ = 500, 300
-
-
-def _oom_prefix(adj: int) -> list[str]:
-    return ["sh", "-c", f'echo {adj} > /proc/self/oom_score_adj; exec "$@"', "sh"]
-
-
-def _start_exec(api, cid: str, argv: list[str], *, stdin: bool, adj: int = EXEC_OOM_ADJ, user: str = SANDBOX_USER,
-                workdir: str = WORKDIR) -> tuple[str, _Stream]:
-    ex = api.exec_create(cid, _oom_prefix(adj) + argv, stdin=stdin, stdout=True, stderr=True, user=user,
-                         workdir=workdir)
-    sock = api.exec_start(ex["Id"], socket=True)
-    return ex["Id"], _Stream(sock)
-
-
-def _warm(it: _Interp) -> None:
-    """Run an empty cell so the interpreter's lazy imports are paid before an episode starts."""
-    raw = it.client.call_raw("pass", 10, 1000)
-    if raw["died"] or raw["exit_code"] != 0:
-        it.stream.close()
-        raise SandboxError(f"the interpreter did not answer its warm-up call: {raw['stderr'][-200:]!r}")
-
-
-def _reset_check(it: _Interp, empty: bool) -> dict:
-    """Run the reset check (sandbox/guest/reset.py) as the interpreter's warm-up cell; returns the state it printed."""
-    code = programs.cell("reset", *(["--empty"] if empty else []), *RESET_DIRS)
-    raw = it.client.call_raw(code, 10, 1 << 16)
-    state = None
-    if not raw["died"] and raw["exit_code"] == 0 and not raw["truncated"]:
-        try:
-            state = json.loads(raw["stdout"])
-        except ValueError:
-            state = None
-    if not isinstance(state, dict) or not isinstance(state.get("problems"), list):
-        raise SandboxError(f"the reset check did not answer (exit {raw['exit_code']}, died {raw['died']}): "
-                           f"{(raw['stderr'] or raw['stdout'])[-300:]!r}")
-    return state
-
-
-def _await_ready(exec_id: str, st: _Stream, transport: _ExecTransport, keeper: int = 0) -> _Interp:
-    """A protocol client for the interpreter starting behind `transport`, once its ready line came; closes the
-    stream and raises SandboxError when none comes."""
-    client = InterpreterClient(transport, grace_s=GRACE_S, startup_timeout_s=STARTUP_TIMEOUT_S)
-    try:
-        ready = client.wait_ready()
-    except InterpreterError as e:
-        st.close()
-        raise SandboxError(str(e)) from e
-    transport.err.clear()
-    return _Interp(exec_id, st, client, int(ready.get("pid") or 0), keeper)
-
-
-def _start_interpreter(api, cid: str, user: str = SANDBOX_USER, workdir: str = WORKDIR) -> _Interp:
-    """Start the interpreter (sandbox/guest/kernel.py) in the container with `docker exec -i` and wait for its ready line."""
-    exec_id, st = _start_exec(api, cid, interpreter_argv("python3"), stdin=True, adj=INTERP_OOM_ADJ, user=user,
-                              workdir=workdir)
-    return _await_ready(exec_id, st, _ExecTransport(st))
-
-
-def _keeper_call(transport: _ExecTransport, op: str, timeout_s: float = RESET_WAIT_S) -> dict:
-    """Send a request to the keeper (a raw line on the transport) and return its answer (lines before it, left by
-    the last episode, are dropped; what follows it, a spawned interpreter's ready line, stays for its client)."""
-    nonce = uuid.uuid4().hex
-    deadline = time.monotonic() + timeout_s
-    transport.send(json.dumps({"keeper": op, "nonce": nonce}).encode() + b"\n", deadline)
-    while True:
-        line = transport.read_line(deadline, 1 << 26)
-        if line is None:
-            raise SandboxError(f"the keeper did not answer {op!r} (stderr {transport.stderr_tail()[-300:]!r})")
-        if line.startswith(b"{") and nonce.encode() in line:
-            msg = json.loads(line)
-            if isinstance(msg, dict) and msg.get("keeper") == nonce:
-                return msg
-
-
-def _start_keeper(api, cid: str) -> _Interp:
-    """Start the keeper (sandbox/guest/keeper.py) with `docker exec -i`, have it fork an interpreter, wait for its
-    ready line."""
-    argv = programs.command("python3", "keeper", WORKDIR, str(INTERP_OOM_ADJ))
-    exec_id, st = _start_exec(api, cid, argv, stdin=True, adj=KEEPER_OOM_ADJ)
-    transport = _ExecTransport(st)
-    try:
-        line = transport.read_line(time.monotonic() + STARTUP_TIMEOUT_S, 1 << 16)
-        hello = json.loads(line) if line is not None else None
-        if not isinstance(hello, dict) or hello.get("keeper") != "hello":
-            raise SandboxError(f"the keeper did not start (first line {line!r:.200}; stderr "
-                               f"{transport.stderr_tail()[-300:]!r})")
-        _keeper_call(transport, "spawn", STARTUP_TIMEOUT_S)
-        return _await_ready(exec_id, st, transport, keeper=int(hello["pid"]))
-    except BaseException:
-        st.close()
-        raise
-
-
-def _host_pid(procs: list[int], ns_pid: int) -> int:
-    """The host pid of the container process whose pid inside the container is ns_pid (0 when none is)."""
-    return next((p for p in procs if procfs.ns_pid(p) == ns_pid), 0)
 
 
 def attach_and_start(api, cid: str) -> Any:
@@ -509,9 +144,9 @@ class DockerSandbox:
         self.image: str | None = owner.image
         self.config = owner.config
         self._lock = threading.Lock()
-        self._interp: _Interp | None = box.interp
+        self._interp: Interp | None = box.interp
         box.interp = None
-        self._call_before: _Counters | None = None  # the cgroup counters when the running call started
+        self._call_before: Counters | None = None  # the cgroup counters when the running call started
         self._death: tuple[bool, bool, str | None] | None = None  # (oom, pids, reset note) when its interpreter died
         self._probe = False  # whether the next run_python first checks that the interpreter still answers
         self._note: str | None = None  # said once in the next run_python's stderr (interpreter or sandbox reset)
@@ -532,10 +167,10 @@ class DockerSandbox:
     def _api(self):
         return self._owner.client.api
 
-    def _counters(self) -> _Counters | None:
+    def _counters(self) -> Counters | None:
         return self._box.cgroup.read() if self._box.cgroup.available else None
 
-    def _oom_since(self, before: _Counters | None) -> bool:
+    def _oom_since(self, before: Counters | None) -> bool:
         if before is not None:
             return self._box.cgroup.read().oom_kill > before.oom_kill
         try:  # engine not local: State.OOMKilled is sticky, so only its first flip counts
@@ -546,14 +181,14 @@ class DockerSandbox:
         self._oom_seen = self._oom_seen or flag
         return new
 
-    def _pids_hit(self, before: _Counters | None) -> bool:
+    def _pids_hit(self, before: Counters | None) -> bool:
         return before is not None and self._box.cgroup.read().pids_max > before.pids_max
 
     def _infra(self, what: str, e: BaseException, t0: float) -> ExecResult:
         return infra_result(self.backend, what, e, t0)
 
-    def _start_exec(self, argv: list[str], *, stdin: bool, user: str | None = None) -> tuple[str, _Stream]:
-        return _start_exec(self._api, self._box.id, argv, stdin=stdin, user=user or self._owner.exec_user,
+    def _start_exec(self, argv: list[str], *, stdin: bool, user: str | None = None) -> tuple[str, ExecStream]:
+        return start_exec(self._api, self._box.id, argv, stdin=stdin, user=user or self._owner.exec_user,
                            workdir=self._owner.exec_workdir)
 
     def _exit_code(self, exec_id: str, wait_s: float = 1.0) -> int | None:
@@ -580,7 +215,7 @@ class DockerSandbox:
             if self._exit_code(ex_id) == 0:
                 return None
         except Exception as e:
-            if not _is_infra(e):
+            if not is_infra(e):
                 raise
             log.warning("cleanup in container %s failed: %s", self._box.id[:12], e)
         return self._replace_container("leftover processes could not be killed inside the sandbox")
@@ -589,7 +224,7 @@ class DockerSandbox:
         """Swap in a fresh container for the rest of the episode (files and state are gone); returns the note."""
         self._drop_interpreter()
         old = self._box
-        new = self._owner._take()
+        new = self._owner._pool.get()
         self._owner._rekey(old.id, new.id, self)
         self._box = new
         self._interp, new.interp = new.interp, None
@@ -630,7 +265,7 @@ class DockerSandbox:
         try:
             exec_id, st = self._start_exec(cmd, stdin=stdin is not None, user=user)
         except Exception as e:
-            if not _is_infra(e):
+            if not is_infra(e):
                 raise
             return self._infra("docker exec failed to start", e, t0)
         deadline = time.monotonic() + timeout_s + GRACE_S
@@ -668,7 +303,7 @@ class DockerSandbox:
                 if n:
                     notes.append(n)
         except Exception as e:
-            if not _is_infra(e):
+            if not is_infra(e):
                 raise
             return self._infra("docker exec inspect failed", e, t0)
         elapsed = time.perf_counter() - t0
@@ -725,10 +360,10 @@ class DockerSandbox:
             notes.append(f"{GONE_NOTE} (exit {gone_code})")
         try:
             if self._interp is None:
-                self._interp = _start_interpreter(self._api, self._box.id, self._owner.exec_user,
+                self._interp = start_interpreter(self._api, self._box.id, self._owner.exec_user,
                                                   self._owner.exec_workdir)
         except Exception as e:
-            if not _is_infra(e) and not isinstance(e, SandboxError):
+            if not is_infra(e) and not isinstance(e, SandboxError):
                 raise
             return self._infra("starting the interpreter failed", e, t0)
         it = self._interp
@@ -751,7 +386,7 @@ class DockerSandbox:
                         notes.append(n)
         except Exception as e:
             self._drop_interpreter()
-            if not _is_infra(e):
+            if not is_infra(e):
                 raise
             return self._infra("the interpreter connection failed", e, t0)
         fields = exec_fields(raw, oom=oom, pids=pids, memory_mb=self.config.memory_mb,
@@ -796,9 +431,16 @@ class DockerBackend:
                  acquire_timeout_s: float = 120.0, client=None):
         self.config = config
         self.reuse = config.reuse is not False  # None: the default, on for Docker
-        self.stats = {"started": 0, "reused": 0, "reset_failed": 0}
-        self._dirty: queue.Queue[_Container] = queue.Queue()  # closed by their episode, waiting for a reset
         self.pool_size = max(0, pool_size)
+        # containers are created in parallel: most of a create is waiting on the engine (mounts, runc)
+        self._pool: WarmPool[_Container] = WarmPool(
+            PoolDriver(start=lambda ahead: self._create(prestart=ahead or self.reuse), reset=self._reset,
+                       alive=self._alive, discard=self._discard, reused=lambda box: box.episodes > 0,
+                       name=lambda box: box.id[:12]),
+            PoolSettings(label="docker sandbox", size=self.pool_size, fillers=min(self.pool_size, FILL_THREADS),
+                         reuse=self.reuse, spare=REUSE_SPARE, max_in_use=max_sandboxes,
+                         acquire_timeout_s=acquire_timeout_s))
+        self.stats = self._pool.stats
         self.client = client or docker_client()
         img = image_id(config.image, self.client)
         if img is None:
@@ -808,14 +450,8 @@ class DockerBackend:
         self.image: str | None = img
         self.owner = owner_tag()
         self.instance = uuid.uuid4().hex
-        self._acquire_timeout_s = acquire_timeout_s
-        self._slots = threading.BoundedSemaphore(max_sandboxes)
-        self._max = max_sandboxes
-        self._pool: queue.Queue[_Container] = queue.Queue()
         self._active: dict[str, DockerSandbox] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._closed = False
         self.last_create_error: str | None = None
         try:
@@ -824,15 +460,10 @@ class DockerBackend:
                 log.info("reaper removed %d stray sandbox container(s)", removed)
         except Exception as e:  # noqa: BLE001 - reaping is housekeeping; never block the backend on it
             log.warning("reaper failed: %s", e)
-        self._in_flight = 0
         self._trash: queue.Queue[str | None] = queue.Queue()
         self._remover = threading.Thread(target=self._remove_loop, name="flywheel-docker-remove", daemon=True)
         self._remover.start()
-        # containers are created in parallel: most of a create is waiting on the engine (mounts, runc)
-        self._fillers = [threading.Thread(target=self._fill_loop, name=f"flywheel-docker-pool-{i}", daemon=True)
-                         for i in range(min(self.pool_size, FILL_THREADS))]
-        for t in self._fillers:
-            t.start()
+        self._pool.start_fillers()
         _live_backends.add(self)
 
     # -- containers --------------------------------------------------------------------------------------------
@@ -855,7 +486,7 @@ class DockerBackend:
             labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance}, host_config=host_config,
         )
         cid = cont["Id"]
-        box = _Container(cid, attach_and_start(api, cid), _Cgroup(cid))
+        box = _Container(cid, attach_and_start(api, cid), Cgroup(cid))
         if self.reuse and box.cgroup.resettable:
             procs = box.cgroup.processes()  # PID 1 alone, before any exec
             box.pid1 = procs[0] if len(procs) == 1 else 0
@@ -863,33 +494,32 @@ class DockerBackend:
         if prestart:
             try:
                 if self.reuse:
-                    box.interp = _start_keeper(api, cid)
+                    box.interp = start_keeper(api, cid)
                     if box.pid1:
-                        box.keeper = _host_pid(box.cgroup.processes(), box.interp.keeper)
-                    box.baseline = _reset_check(box.interp, empty=False)
+                        box.keeper = host_pid(box.cgroup.processes(), box.interp.keeper)
+                    box.baseline = reset_check(box.interp, empty=False)
                     box.baseline.pop("problems")
                 else:
-                    box.interp = _start_interpreter(api, cid)
-                    _warm(box.interp)
+                    box.interp = start_interpreter(api, cid)
+                    warm(box.interp)
             except Exception:
                 self._discard(box)
                 raise
-        with self._lock:
-            self.stats["started"] += 1
+        self._pool.count_started()
         return box
 
     def _create(self, prestart: bool = False) -> _Container:
         delay = 0.2
         last: BaseException | None = None
         for attempt in range(CREATE_TRIES):
-            if self._stop.is_set():
+            if self._pool.closed:
                 raise SandboxError("the Docker backend is shut down")
             try:
                 box = self._create_once(prestart)
                 self.last_create_error = None
                 return box
             except Exception as e:
-                if not _is_infra(e) and not isinstance(e, SandboxError):
+                if not is_infra(e) and not isinstance(e, SandboxError):
                     raise
                 last = e
                 self.last_create_error = f"{type(e).__name__}: {e}"
@@ -898,60 +528,7 @@ class DockerBackend:
                 delay *= 2
         raise SandboxError(f"creating a sandbox container failed {CREATE_TRIES} times: {type(last).__name__}: {last}")
 
-    def _take(self) -> _Container:
-        """A started container: from the pool when one is ready (fresh, or reset and checked), else with reuse one
-        whose episode ended, reset here (cheaper than a create), else created now."""
-        while True:
-            try:
-                box = self._pool.get_nowait()
-            except queue.Empty:
-                box = None
-            self._wake.set()
-            if box is None:
-                try:
-                    box = self._dirty.get_nowait()
-                except queue.Empty:
-                    return self._create(prestart=self.reuse)  # reuse: the baseline comes from the prestart
-                if self._reset_one(box, keep=True):
-                    return box
-                continue
-            if self._alive(box):
-                return box
-            self._discard(box)
-
     # -- reuse ---------------------------------------------------------------------------------------------------
-    def _recycle(self, box: _Container) -> None:
-        """Queue a container whose episode ended for a reset by the pool threads (reset now when there are none)."""
-        if not self._fillers:
-            self._reset_one(box)
-            return
-        with self._lock:
-            if not self._closed:
-                self._dirty.put(box)
-                self._wake.set()
-                return
-        self._discard(box)
-
-    def _reset_one(self, box: _Container, *, keep: bool = False) -> bool:
-        """Reset box; True when it passed every check. It goes to the pool, or with `keep` to the caller; a box
-        that fails a check is removed and counted in stats["reset_failed"]."""
-        why = self._reset(box)
-        if why is None:
-            with self._lock:
-                if not self._closed:
-                    if not keep:
-                        self._pool.put(box)
-                    return True
-        else:
-            with self._lock:
-                self.stats["reset_failed"] += 1
-                first = self.stats["reset_failed"] == 1
-            # the first one is a warning: when every reset fails (no cgroup here), Docker runs at fresh-container speed
-            log.log(logging.WARNING if first else logging.INFO, "docker sandbox %s: not reused, its reset failed: %s",
-                    box.id[:12], why)
-        self._discard(box)
-        return False
-
     def _reset(self, box: _Container) -> str | None:
         """Make a used container as good as new: the host kills every process but PID 1 (cgroup frozen, so none
         can fork meanwhile), a fresh interpreter empties the writable folders and reports what is left, and the
@@ -964,14 +541,14 @@ class DockerBackend:
         try:
             if it is not None and it.keeper and box.keeper and it.client.alive and not it.client.gone():
                 try:
-                    _keeper_call(it.transport, "reset")  # the interpreter is killed and reaped, its pipes closed
+                    keeper_call(it.transport, "reset")  # the interpreter is killed and reaped, its pipes closed
                 except (SandboxError, OSError, TimeoutError, ValueError) as e:
                     return f"the keeper did not reset: {e}"
                 why = self._kill_all_but(box, {box.pid1, box.keeper})
                 if why is not None:
                     return why
-                _keeper_call(it.transport, "spawn")  # the old client goes with its interpreter: a new one
-                box.interp, it = _await_ready(it.exec_id, it.stream, it.transport, it.keeper), None
+                keeper_call(it.transport, "spawn")  # the old client goes with its interpreter: a new one
+                box.interp, it = await_ready(it.exec_id, it.stream, it.transport, it.keeper), None
             else:  # the keeper is gone (user code killed it, or the interpreter died): a new one, by exec
                 if it is not None:
                     it.stream.close()
@@ -979,11 +556,11 @@ class DockerBackend:
                 why = self._kill_all_but(box, {box.pid1})
                 if why is not None:
                     return why
-                box.interp = _start_keeper(self.client.api, box.id)
-                box.keeper = _host_pid(cg.processes(), box.interp.keeper)
-            state = _reset_check(box.interp, empty=True)
+                box.interp = start_keeper(self.client.api, box.id)
+                box.keeper = host_pid(cg.processes(), box.interp.keeper)
+            state = reset_check(box.interp, empty=True)
         except Exception as e:
-            if not _is_infra(e) and not isinstance(e, (ValueError, TimeoutError)):
+            if not is_infra(e) and not isinstance(e, (ValueError, TimeoutError)):
                 raise
             return f"starting the next interpreter failed: {type(e).__name__}: {e}"
         finally:
@@ -1085,59 +662,19 @@ class DockerBackend:
                 if "No such container" not in str(e) and "already in progress" not in str(e):
                     log.warning("removing container %s failed: %s", cid[:12], e)
 
-    def _fill_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                dirty = self._dirty.get_nowait()
-            except queue.Empty:
-                dirty = None
-            if dirty is not None:
-                self._reset_one(dirty)
-                continue
-            with self._lock:
-                coming = self._pool.qsize() + self._dirty.qsize() + self._in_flight
-                need = coming < self.pool_size
-                if self.reuse:  # containers in use come back after their episode: keep only REUSE_SPARE more
-                    need = need and coming + len(self._active) < self.pool_size + REUSE_SPARE
-                if need:
-                    self._in_flight += 1
-            if not need:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            try:
-                box = self._create(prestart=True)
-            except Exception as e:  # noqa: BLE001 - the loop retries; logged
-                with self._lock:
-                    self._in_flight -= 1
-                log.warning("pool refill failed: %s", e)
-                self._stop.wait(2.0)
-                continue
-            with self._lock:
-                self._in_flight -= 1
-                if not self._stop.is_set():
-                    self._pool.put(box)
-                    continue
-            self._discard(box)
-
     # -- Backend protocol ----------------------------------------------------------------------------------------
     def acquire(self) -> DockerSandbox:
         """A clean container for one episode (raises SandboxError when none can be had: infra, retried by callers)."""
         if self._closed:
             raise SandboxError("the Docker backend is shut down")
-        if not self._slots.acquire(timeout=self._acquire_timeout_s):
-            raise SandboxError(f"sandbox pool exhausted: {self._max} sandboxes in use for "
-                               f"{self._acquire_timeout_s:g}s; close finished episodes or raise max_sandboxes")
+        box = self._pool.take()
         try:
-            box = self._take()
             sb = DockerSandbox(self, box)
         except BaseException:
-            self._slots.release()
+            self._pool.release()
             raise
         with self._lock:
             box.episodes += 1
-            if box.episodes > 1:
-                self.stats["reused"] += 1
             self._active[sb.container_id] = sb
         return sb
 
@@ -1150,11 +687,11 @@ class DockerBackend:
         with self._lock:
             present = self._active.pop(sb.container_id, None) is not None
         if reuse and present and not self._closed:
-            self._recycle(sb._box)
+            self._pool.put_back(sb._box)
         else:
             self._discard(sb._box)
         if present:
-            self._slots.release()
+            self._pool.release()
 
     def shutdown(self) -> None:
         """Stop the refill threads and remove every container of this backend (pooled and in use); returns when
@@ -1162,20 +699,11 @@ class DockerBackend:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._wake.set()
-        for t in self._fillers:
-            t.join(timeout=60)
+        self._pool.shutdown()
         with self._lock:
             active = list(self._active.values())
         for sb in active:
             sb.close()
-        for q in (self._pool, self._dirty):
-            while True:
-                try:
-                    self._discard(q.get_nowait())
-                except queue.Empty:
-                    break
         self._trash.put(None)
         self._remover.join(timeout=120)
         self._sweep()

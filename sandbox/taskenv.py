@@ -33,7 +33,8 @@ import time
 from pathlib import Path, PurePosixPath
 
 from sandbox import programs
-from sandbox.docker import DockerBackend, DockerSandbox, _Cgroup, _Container, attach_and_start
+from sandbox.cgroup import Cgroup
+from sandbox.docker import DockerBackend, DockerSandbox, _Container, attach_and_start
 from sandbox.engine import BACKEND_LABEL, LABEL, OWNER_LABEL, docker_client, image_id
 from sandbox.result import SandboxConfig, SandboxError, SandboxUnavailable
 
@@ -207,7 +208,7 @@ class TaskEnvBackend(DockerBackend):
             use_config_proxy=False, labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance},
             host_config=host_config,
         )
-        return _Container(cont["Id"], attach_and_start(api, cont["Id"]), _Cgroup(cont["Id"]))
+        return _Container(cont["Id"], attach_and_start(api, cont["Id"]), Cgroup(cont["Id"]))
 
 
 def _api(sb: DockerSandbox):

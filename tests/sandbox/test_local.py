@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.local import SANDBOX_ENV, LocalBackend
+from sandbox.bwrap import SANDBOX_ENV
+from sandbox.local import LocalBackend
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install "
@@ -314,9 +315,9 @@ def test_pool_hands_out_fresh_sandboxes_and_shutdown_empties_it():
     b = LocalBackend(SandboxConfig(backend="local", **SMALL), pool_size=2)
     try:
         deadline = time.monotonic() + 10
-        while len(b._ready) < 2 and time.monotonic() < deadline:
+        while len(b._pool._ready) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        pooled = [s.holder_pid for s in b._ready]
+        pooled = [s.holder_pid for s in b._pool._ready]
         assert len(pooled) == 2
         t = time.perf_counter()
         first = b.acquire()
@@ -327,7 +328,7 @@ def test_pool_hands_out_fresh_sandboxes_and_shutdown_empties_it():
         first.close()
         third = b.acquire()  # never the closed one again
         assert third.holder_pid not in (first.holder_pid, second.holder_pid) and third.alive()
-        holders = [first.holder_pid, second.holder_pid, third.holder_pid, *(s.holder_pid for s in b._ready)]
+        holders = [first.holder_pid, second.holder_pid, third.holder_pid, *(s.holder_pid for s in b._pool._ready)]
     finally:
         b.shutdown()
     deadline = time.monotonic() + 5
