@@ -55,6 +55,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
+from sandbox.procfs import start_time
+
 _PR_SET_PDEATHSIG = 1
 IDLE_DEFAULT_S = 900.0  # FLYWHEEL_SERVER_IDLE_S
 STARTING_GRACE_S = 120.0  # a shared server that has not answered yet is left to come up for this long
@@ -101,25 +103,14 @@ def idle_timeout_s() -> float:
                                "(0 keeps the server until `flywheel server stop`)") from None
 
 
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of process pid (field 22 of /proc/PID/stat), None when no such process (or a
-    zombie: it is gone, only not reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] == "Z" else fields[19]
-
-
 def _alive(ident: str) -> bool:
     """Whether the process named PID-STARTTIME still runs (and is that process, not a reused pid)."""
     pid, _, start = ident.partition("-")
-    return pid.isdigit() and _start_time(int(pid)) == start
+    return pid.isdigit() and start_time(int(pid)) == start
 
 
 def self_id() -> str:
-    return f"{os.getpid()}-{_start_time(os.getpid())}"
+    return f"{os.getpid()}-{start_time(os.getpid())}"
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -229,7 +220,7 @@ def _health(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _read_state() -> dict | None:
+def read_state() -> dict | None:
     try:
         st = json.loads(state_file().read_text())
         return st if isinstance(st, dict) and str(st.get("pid", "")).isdigit() else None
@@ -240,8 +231,8 @@ def _read_state() -> dict | None:
 def shared_status() -> dict | None:
     """The state of the shared server (pid, start, url, log, started, idle_s) when its process is alive, else
     None."""
-    st = _read_state()
-    return st if st and _start_time(int(st["pid"])) == st.get("start") else None
+    st = read_state()
+    return st if st and start_time(int(st["pid"])) == st.get("start") else None
 
 
 def shared_url() -> str | None:
@@ -251,7 +242,7 @@ def shared_url() -> str | None:
 
 def _usable(st: dict | None) -> bool:
     """A recorded server is usable when its process lives and it answers, or it is young enough to be starting."""
-    if not st or _start_time(int(st["pid"])) != st.get("start"):
+    if not st or start_time(int(st["pid"])) != st.get("start"):
         return False
     return _health(st["url"], timeout=1.0) or time.time() - float(st.get("started", 0)) < STARTING_GRACE_S
 
@@ -260,12 +251,12 @@ def _kill(st: dict) -> None:
     """SIGTERM the recorded server (its own session: the whole group), SIGKILL after 15 s; only that process."""
     pid = int(st["pid"])
     for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        if _start_time(pid) != st.get("start"):
+        if start_time(pid) != st.get("start"):
             return
         with contextlib.suppress(OSError):
             os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
-        while _start_time(pid) == st.get("start") and time.monotonic() < deadline:
+        while start_time(pid) == st.get("start") and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
@@ -295,9 +286,9 @@ def ensure_shared(port: int | None = None, idle_s: float | None = None) -> dict:
     file (dead pid, or a server that never answered) is replaced, its process killed."""
     global _client_file
     with _state_lock():
-        st = _read_state()
+        st = read_state()
         if not _usable(st):
-            if st and _start_time(int(st["pid"])) == st.get("start"):
+            if st and start_time(int(st["pid"])) == st.get("start"):
                 _kill(st)  # alive but it never answered
             st = _spawn_shared(port, idle_timeout_s() if idle_s is None else idle_s)
         _client_file = _register(self_id())
@@ -313,7 +304,7 @@ def _spawn_shared(port: int | None, idle_s: float) -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "flows.localserver", str(port), str(idle_s)], env=env,
                                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT)
-    st = {"pid": proc.pid, "start": _start_time(proc.pid), "url": url, "log": str(log), "started": time.time(),
+    st = {"pid": proc.pid, "start": start_time(proc.pid), "url": url, "log": str(log), "started": time.time(),
           "idle_s": idle_s}
     tmp = state_file().with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(st))
@@ -325,7 +316,7 @@ def _spawn_shared(port: int | None, idle_s: float) -> dict:
 def wait_shared(st: dict, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not _health(st["url"]):
-        if _start_time(int(st["pid"])) != st.get("start"):
+        if start_time(int(st["pid"])) != st.get("start"):
             raise LocalServerError(f"the shared Prefect server (pid {st['pid']}) exited before it answered; see its "
                                    f"log {st['log']}")
         if time.monotonic() > deadline:
@@ -354,7 +345,7 @@ def stop_if_unused() -> None:
     with _state_lock():
         if not live_clients():
             _kill(_shared)
-            st = _read_state()
+            st = read_state()
             if st and st.get("pid") == _shared["pid"]:
                 state_file().unlink(missing_ok=True)
     _shared = None
@@ -428,7 +419,7 @@ def serve_shared(port: int, idle_s: float) -> None:
             with _state_lock():
                 if live_clients() or time.monotonic() - last[0] < idle_s:
                     continue
-                st = _read_state()
+                st = read_state()
                 if st and f"{st['pid']}-{st.get('start')}" == me:
                     state_file().unlink(missing_ok=True)
                 print(f"flywheel: no API request and no client for {idle_s:.0f} s: stopping", flush=True)
@@ -529,7 +520,7 @@ def reap_dead_leases() -> dict[str, int]:
     root = lease_root()
     for folder in sorted(root.glob("*-*")) if root.is_dir() else []:
         pid, _, start = folder.name.partition("-")
-        if not pid.isdigit() or folder == _lease_dir or _start_time(int(pid)) == start:
+        if not pid.isdigit() or folder == _lease_dir or start_time(int(pid)) == start:
             continue  # ours, or a live command's
         claimed = folder.with_name(f".reaping-{os.getpid()}-{folder.name}")
         try:
@@ -579,7 +570,7 @@ def _other_command_lives() -> bool:
     root = lease_root()
     folders = root.glob("*-*") if root.is_dir() else []
     return (any(f != _lease_dir and _alive(f.name) for f in folders) or bool(live_clients())
-            or _usable(_read_state()))
+            or _usable(read_state()))
 
 
 def reset_orphan_slots() -> dict[str, int]:

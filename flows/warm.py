@@ -47,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flows import localserver
+from sandbox.procfs import start_time
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agents", "curate", "flows", "sandbox", "tasks", "training", "warehouse")
@@ -180,9 +181,9 @@ def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
         os.kill(os.getpid(), sig)
     if msg is None or "exit" not in msg:
         deadline = time.monotonic() + 2.0  # its socket closes as it dies, its /proc entry goes a moment later
-        while localserver._start_time(pid) is not None and time.monotonic() < deadline:
+        while start_time(pid) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
-        fate = "is gone" if localserver._start_time(pid) is None else "closed its connection"
+        fate = "is gone" if start_time(pid) is None else "closed its connection"
         print(f"error: the warm flywheel process (pid {pid}) {fate} without an exit status (killed?); its output "
               "is above; run with FLYWHEEL_WARM=0 to run in this process", file=sys.stderr)
         return 1
@@ -210,7 +211,7 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     # recorded at once, before it is ready (FP.PID.json; FP.json once it listens): `server stop` and the next
     # command see it while it imports, and a starter that lost a race never overwrites the winner's record
-    _write_state({"pid": proc.pid, "start": localserver._start_time(proc.pid), "fp": fp, "ready": False,
+    _write_state({"pid": proc.pid, "start": start_time(proc.pid), "fp": fp, "ready": False,
                   "started": time.time(), "log": str(localserver.prefect_home() / "flywheel-warm.log")},
                  f"{fp}.{proc.pid}")
     _spawned.append(proc)
@@ -232,7 +233,7 @@ def starters() -> list[dict]:
     for f in sorted(warm_dir().glob("*.json")) if warm_dir().is_dir() else []:
         try:
             st = json.loads(f.read_text())
-            alive = st["start"] is not None and localserver._start_time(int(st["pid"])) == st["start"]
+            alive = st["start"] is not None and start_time(int(st["pid"])) == st["start"]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written
         if alive and not any(o["pid"] == st["pid"] for o in out):
@@ -254,7 +255,7 @@ def stop_starters(timeout_s: float = 10.0) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     for st in sts:
         pid = int(st["pid"])
-        while localserver._start_time(pid) == st["start"] and time.monotonic() < deadline + 10.0:
+        while start_time(pid) == st["start"] and time.monotonic() < deadline + 10.0:
             if time.monotonic() > deadline:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
@@ -267,8 +268,8 @@ def stop_starters(timeout_s: float = 10.0) -> list[dict]:
 # --- the starter process ------------------------------------------------------------------------------------------
 
 def _server_gone(server: dict) -> bool:
-    st = localserver._read_state()
-    return not st or st.get("pid") != server["pid"] or localserver._start_time(int(server["pid"])) != server["start"]
+    st = localserver.read_state()
+    return not st or st.get("pid") != server["pid"] or start_time(int(server["pid"])) != server["start"]
 
 
 def serve(fp: str, command: Callable[[], None]) -> None:
@@ -304,7 +305,7 @@ def _serve(fp: str, command: Callable[[], None]) -> None:
         sock_path.unlink(missing_ok=True)
         listener.bind(_short(sock_path, dfd))
         listener.listen(16)
-        _write_state({"pid": os.getpid(), "start": localserver._start_time(os.getpid()), "fp": fp, "ready": True,
+        _write_state({"pid": os.getpid(), "start": start_time(os.getpid()), "fp": fp, "ready": True,
                       "server_pid": server["pid"], "server_url": server["url"], "started": time.time(),
                       "log": str(localserver.prefect_home() / "flywheel-warm.log")})
         (warm_dir() / f"{fp}.{os.getpid()}.json").unlink(missing_ok=True)
