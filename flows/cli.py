@@ -44,7 +44,7 @@ KNOWN_ERRORS = (
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),
-    ("flows.localserver", "LocalServerError"),
+    ("flows.prefect_home", "LocalServerError"),
     ("training.registry", "RegistryError"), ("training.sft", "TrainingError"), ("training.tiny", "TinyModelError"),
     ("training.mismatch", "MismatchError"),
 )
@@ -720,14 +720,14 @@ def server_start(
 ) -> None:
     """Start the local Prefect server (UI included) that commands without PREFECT_API_URL reuse; they also start
     it on first use. It outlives this command, found through PREFECT_HOME/flywheel-server.json."""
-    from flows import localserver
+    from flows import shared_server
 
     if os.environ.get("PREFECT_API_URL"):
         raise UsageError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): commands use that server; "
                          "unset it to use a local one")
     if idle_timeout is not None and idle_timeout < 0:
         raise UsageError(f"--idle-timeout must be 0 (never) or more seconds, not {idle_timeout}")
-    st = localserver.start_shared(port, idle_timeout)
+    st = shared_server.start_shared(port, idle_timeout)
     if port and not st["url"].endswith(f":{port}/api"):
         print(f"note: a local server runs already on {st['url']}; stop it first to use port {port}",
               file=sys.stderr)
@@ -744,10 +744,10 @@ def _idle_words(st: dict) -> str:
 def server_stop() -> None:
     """Stop the local server and the warm starters of `generate` (and release nothing else: runs and slots are kept
     in PREFECT_HOME's database)."""
-    from flows import localserver, warm
+    from flows import shared_server, warm
 
-    users = localserver.live_clients()
-    st = localserver.stop_shared()
+    users = shared_server.live_clients()
+    st = shared_server.stop_shared()
     for w in warm.stop_starters():
         print(f"stopped: warm starter (pid {w['pid']})")
     if st and users:
@@ -759,15 +759,15 @@ def server_stop() -> None:
 @server_app.command("status")
 def server_status() -> None:
     """Whether the local server runs (exit 0, its URL and the warm starters) or not (exit 1)."""
-    from flows import localserver
+    from flows import shared_server
 
-    st = localserver.shared_status()
+    st = shared_server.shared_status()
     if not st:
         print("not running")
         raise typer.Exit(1)
     from flows import warm
 
-    users = localserver.live_clients()
+    users = shared_server.live_clients()
     print(f"running: {st['url']} (pid {st['pid']}, log {st['log']}, {_idle_words(st)}, {len(users)} client "
           "command(s))")
     for w in warm.starters():
@@ -881,7 +881,7 @@ def _main() -> None:
 
 def _stop_server_if_unused() -> None:
     """A command that failed stops the shared server it started, unless another command uses it."""
-    mod = sys.modules.get("flows.localserver")
+    mod = sys.modules.get("flows.shared_server")
     if mod is not None:
         mod.stop_if_unused()
 

@@ -2,7 +2,7 @@
 generate needs (Prefect, the flows, pyarrow and pandas, fastapi's encoders) and forks a copy of itself per command.
 
 A command pays 2-3 s of imports and Prefect set-up before its first episode; a starter pays them once. It belongs
-to the shared local server's arrangement (flows/localserver.py): only `generate`, only with
+to the shared local server's arrangement (flows/localserver.py, flows/shared_server.py): only `generate`, only with
 FLYWHEEL_LOCAL_SERVER=shared and no PREFECT_API_URL, and not with FLYWHEEL_WARM=0.
   - A starter serves one *fingerprint*: sha256 of the interpreter, sys.path, the environment (minus keys that change
     from shell to shell: PWD, OLDPWD, SHLVL, _, COLUMNS, LINES) and a stamp of flywheel's code (name, size, mtime of
@@ -46,7 +46,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flows import localserver
+from flows import localserver, shared_server
+from flows.prefect_home import LocalServerError, prefect_home, pythonpath_with_repo
 from sandbox.procfs import start_time
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ _spawned: list[subprocess.Popen] = []  # detached starters, kept so that Popen's
 
 
 def warm_dir() -> Path:
-    return localserver.prefect_home() / "flywheel-warm"
+    return prefect_home() / "flywheel-warm"
 
 
 def code_stamp() -> list[tuple[str, int, int]]:
@@ -99,7 +100,7 @@ def eligible(argv: list[str]) -> bool:
         return False
     try:
         return localserver.mode() == "shared"
-    except localserver.LocalServerError:
+    except LocalServerError:
         return False  # the in-process path reports it
 
 
@@ -194,7 +195,7 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
     """Start the starter of fp, detached (own session, log PREFECT_HOME/flywheel-warm.log), when the shared server
     runs and no starter of fp does (a starter that lost a race finds out itself and exits); at most MAX_STARTERS
     live, the oldest stopped. None when none was started."""
-    if localserver.shared_status() is None:
+    if shared_server.shared_status() is None:
         return None
     live = starters()
     if any(st["fp"] == fp for st in live):
@@ -204,15 +205,15 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
             os.kill(int(st["pid"]), signal.SIGTERM)
     warm_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     boot = {**env, "FLYWHEEL_WARM_BOOT": json.dumps({"fp": fp, "path": path, "pythonpath": env.get("PYTHONPATH")}),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])}
-    with open(localserver.prefect_home() / "flywheel-warm.log", "ab") as log:
+            "PYTHONPATH": pythonpath_with_repo(env.get("PYTHONPATH"))}
+    with open(prefect_home() / "flywheel-warm.log", "ab") as log:
         # detached on purpose: never waited for (it outlives this command)
         proc = subprocess.Popen([sys.executable, "-c", "from flows.cli import warm_starter; warm_starter()"], env=boot, cwd="/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     # recorded at once, before it is ready (FP.PID.json; FP.json once it listens): `server stop` and the next
     # command see it while it imports, and a starter that lost a race never overwrites the winner's record
     _write_state({"pid": proc.pid, "start": start_time(proc.pid), "fp": fp, "ready": False,
-                  "started": time.time(), "log": str(localserver.prefect_home() / "flywheel-warm.log")},
+                  "started": time.time(), "log": str(prefect_home() / "flywheel-warm.log")},
                  f"{fp}.{proc.pid}")
     _spawned.append(proc)
     return proc
@@ -268,7 +269,7 @@ def stop_starters(timeout_s: float = 10.0) -> list[dict]:
 # --- the starter process ------------------------------------------------------------------------------------------
 
 def _server_gone(server: dict) -> bool:
-    st = localserver.read_state()
+    st = shared_server.read_state()
     return not st or st.get("pid") != server["pid"] or start_time(int(server["pid"])) != server["start"]
 
 
@@ -283,7 +284,7 @@ def serve(fp: str, command: Callable[[], None]) -> None:
 
 
 def _serve(fp: str, command: Callable[[], None]) -> None:
-    server = localserver.shared_status()
+    server = shared_server.shared_status()
     if server is None:
         print("flywheel-warm: no shared server runs: not starting", flush=True)
         return
@@ -307,7 +308,7 @@ def _serve(fp: str, command: Callable[[], None]) -> None:
         listener.listen(16)
         _write_state({"pid": os.getpid(), "start": start_time(os.getpid()), "fp": fp, "ready": True,
                       "server_pid": server["pid"], "server_url": server["url"], "started": time.time(),
-                      "log": str(localserver.prefect_home() / "flywheel-warm.log")})
+                      "log": str(prefect_home() / "flywheel-warm.log")})
         (warm_dir() / f"{fp}.{os.getpid()}.json").unlink(missing_ok=True)
     print(f"flywheel-warm: starter {os.getpid()} of {fp[:12]} ready after {time.monotonic() - t0:.1f} s", flush=True)
     idle_s = float(server.get("idle_s") or 0)
