@@ -118,11 +118,11 @@ def main() -> None:
 
 
 def warm_starter() -> None:
-    """The process of a warm starter of `generate` (spawned by flows/warm.py `spawn_starter`): it forks `main` for
-    each client."""
-    from flows import warm
+    """The process of a warm starter of `generate` (spawned by flows/warm.py `spawn_starter`): flows/warm_process.py
+    forks `main` for each client."""
+    from flows import warm_process
 
-    warm.boot(main)
+    warm_process.boot(main)
 
 
 def _main() -> None:

@@ -28,7 +28,6 @@ def serve_shared(port: int, idle_s: float) -> None:
     from prefect.server.api.server import create_app
 
     from flows.lease_storage import CLIENT
-    from sandbox.local import reap_orphans
 
     app = create_app()
     last = [time.monotonic()]
@@ -59,7 +58,9 @@ def serve_shared(port: int, idle_s: float) -> None:
             time.sleep(tick)
             with contextlib.suppress(Exception):  # a failed reap is retried on the next tick
                 reap_dead_leases(url)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # imported here: a sandbox module that fails to load stops no server
+                from sandbox.local import reap_orphans
+
                 reap_orphans()
             if not idle_s or time.monotonic() - last[0] < idle_s:
                 continue
