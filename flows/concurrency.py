@@ -10,7 +10,7 @@ to the config at start (`update=True`); after that the UI (Concurrency page) is 
 A holder asking for more slots than a limit has fails at once with an error naming both numbers, instead of
 waiting forever; one that has to wait logs the limit, its use and how to inspect or reset it. Slots are taken per
 Prefect task (a rollout chunk), not per request: one API call per chunk, under a 60 s lease the holder renews, so
-a holder that dies cannot keep them (flows/localserver.py releases them at once for the CLI's own servers).
+a holder that dies cannot keep them (flows/lease_reaper.py releases them at once for the CLI's own servers).
 
 Retry options (`ENDPOINT_RETRIES`, `SANDBOX_RETRIES`) are keyword dicts for `@task(...)`: exponential backoff with
 jitter, and retry only on transient infrastructure errors (an endpoint that did not answer, a sandbox engine

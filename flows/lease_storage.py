@@ -1,6 +1,6 @@
 """Prefect server lease storage for flywheel's local servers: Prefect's filesystem lease storage, one folder per
 CLI command that took the leases, so that leases outlive a killed command on disk and the next command (or the
-shared server's watchdog) can release the slots they held (flows/localserver.py's reap_dead_leases).
+shared server's watchdog) can release the slots they held (flows/lease_reaper.py's reap_dead_leases).
 
 - A command's own temporary server: every lease goes to FLYWHEEL_LEASE_DIR (the command's folder).
 - The shared server: a lease goes to FLYWHEEL_LEASE_ROOT/PID-STARTTIME of the command that asked for it (the

@@ -332,11 +332,12 @@ def serve_command(
     and the schedules trigger, on PREFECT_API_URL or else the shared local server (started if none runs; it stays
     up while `serve` runs). Ctrl-C stops, pausing schedules; a killed `serve` takes its flow runs with it."""
     from flows import localserver
+    from flows.child_guard import guard_children
 
     cfg = load_config(config, list(set_ or []))
     localserver.start()
     localserver.wait_ready()
-    localserver.guard_children()  # the flow runs it starts (sessions of their own) go when it goes
+    guard_children()  # the flow runs it starts (sessions of their own) go when it goes
     serve(cfg, flows=list(flow) if flow else None, skip_missing=skip_missing)
 
 

@@ -2,7 +2,7 @@
 generate needs (Prefect, the flows, pyarrow and pandas, fastapi's encoders) and forks a copy of itself per command.
 
 A command pays 2-3 s of imports and Prefect set-up before its first episode; a starter pays them once. It belongs
-to the shared local server's arrangement (flows/localserver.py): only `generate`, only with
+to the shared local server's arrangement (flows/localserver.py, flows/shared_server.py): only `generate`, only with
 FLYWHEEL_LOCAL_SERVER=shared and no PREFECT_API_URL, and not with FLYWHEEL_WARM=0.
   - A starter serves one *fingerprint*: sha256 of the interpreter, sys.path, the environment (minus keys that change
     from shell to shell: PWD, OLDPWD, SHLVL, _, COLUMNS, LINES) and a stamp of flywheel's code (name, size, mtime of
@@ -25,44 +25,41 @@ FLYWHEEL_LOCAL_SERVER=shared and no PREFECT_API_URL, and not with FLYWHEEL_WARM=
     the server's idle timeout with no connection, or on SIGTERM (`flywheel server stop` stops every starter). Its
     state is written when it is spawned (ready: false) and again once it listens; at most MAX_STARTERS live per
     PREFECT_HOME (a new fingerprint stops the oldest: each holds a few hundred MB).
+This module is the command's side (fingerprint, connect, forward signals, spawn) and the list of starters; the
+starter's own process (pre-import, listen, accept, fork, the child) is flows/warm_process.py.
 It does not make other commands warm, nor run on other platforms than Linux. Importing it does not import prefect.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
-import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from flows import localserver
+from flows import localserver, shared_server
+from flows.prefect_home import LocalServerError, prefect_home, pythonpath_with_repo
+from sandbox.procfs import start_time
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agents", "curate", "flows", "sandbox", "tasks", "training", "warehouse")
 VOLATILE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
-PRELOAD = ("flows.generate", "flows.serve", "prefect", "prefect.flow_engine", "prefect.task_engine",
-           "prefect.client.orchestration", "prefect.artifacts", "fastapi.encoders", "pyarrow", "pyarrow.parquet",
-           "pandas", "duckdb", "agents.rollout", "agents.reference", "sandbox.backend", "warehouse.lake")
 CONNECT_TIMEOUT_S = 15.0  # the starter forks and answers in milliseconds; past this the command runs in-process
 MAX_STARTERS = 2  # per PREFECT_HOME; a new fingerprint stops the oldest starter
-_HEADER = struct.Struct("!I")
-_inside = False  # True in a forked child: its own `main()` runs in-process
+HEADER = struct.Struct("!I")
+_inside = False  # True in a forked child (`mark_forked`): its own `main()` runs in-process
 _spawned: list[subprocess.Popen] = []  # detached starters, kept so that Popen's destructor does not warn
 
 
 def warm_dir() -> Path:
-    return localserver.prefect_home() / "flywheel-warm"
+    return prefect_home() / "flywheel-warm"
 
 
 def code_stamp() -> list[tuple[str, int, int]]:
@@ -98,18 +95,24 @@ def eligible(argv: list[str]) -> bool:
         return False
     try:
         return localserver.mode() == "shared"
-    except localserver.LocalServerError:
+    except LocalServerError:
         return False  # the in-process path reports it
 
 
-def _short(path: Path, dir_fd: int) -> str:
+def mark_forked() -> None:
+    """Called in a starter's forked child before it runs the command: that command runs in-process."""
+    global _inside
+    _inside = True
+
+
+def socket_address(path: Path, dir_fd: int) -> str:
     """A socket address for path that fits AF_UNIX's 108 bytes however deep PREFECT_HOME is: through the open
     folder's /proc/self/fd link."""
     return f"/proc/self/fd/{dir_fd}/{path.name}"
 
 
 @contextlib.contextmanager
-def _dir_fd() -> object:
+def dir_fd() -> object:
     d = warm_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
@@ -119,7 +122,7 @@ def _dir_fd() -> object:
         os.close(fd)
 
 
-def _send(conn: socket.socket, msg: dict) -> None:
+def send(conn: socket.socket, msg: dict) -> None:
     conn.sendall(json.dumps(msg).encode() + b"\n")
 
 
@@ -150,10 +153,10 @@ def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(CONNECT_TIMEOUT_S)  # a stopped or wedged starter: in-process, never a silent hang
     try:
-        with _dir_fd() as dfd:
-            conn.connect(_short(warm_dir() / f"{fp}.sock", dfd))
+        with dir_fd() as dfd:
+            conn.connect(socket_address(warm_dir() / f"{fp}.sock", dfd))
         body = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
-        socket.send_fds(conn, [_HEADER.pack(len(body)) + body], [0, 1, 2])
+        socket.send_fds(conn, [HEADER.pack(len(body)) + body], [0, 1, 2])
         lines = _Lines(conn)
         first = lines.next()
     except OSError:
@@ -180,9 +183,9 @@ def run_warm(argv: list[str], env: dict[str, str], fp: str) -> int | None:
         os.kill(os.getpid(), sig)
     if msg is None or "exit" not in msg:
         deadline = time.monotonic() + 2.0  # its socket closes as it dies, its /proc entry goes a moment later
-        while localserver._start_time(pid) is not None and time.monotonic() < deadline:
+        while start_time(pid) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
-        fate = "is gone" if localserver._start_time(pid) is None else "closed its connection"
+        fate = "is gone" if start_time(pid) is None else "closed its connection"
         print(f"error: the warm flywheel process (pid {pid}) {fate} without an exit status (killed?); its output "
               "is above; run with FLYWHEEL_WARM=0 to run in this process", file=sys.stderr)
         return 1
@@ -193,7 +196,7 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
     """Start the starter of fp, detached (own session, log PREFECT_HOME/flywheel-warm.log), when the shared server
     runs and no starter of fp does (a starter that lost a race finds out itself and exits); at most MAX_STARTERS
     live, the oldest stopped. None when none was started."""
-    if localserver.shared_status() is None:
+    if shared_server.shared_status() is None:
         return None
     live = starters()
     if any(st["fp"] == fp for st in live):
@@ -203,21 +206,21 @@ def spawn_starter(env: dict[str, str], path: list[str], fp: str) -> subprocess.P
             os.kill(int(st["pid"]), signal.SIGTERM)
     warm_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     boot = {**env, "FLYWHEEL_WARM_BOOT": json.dumps({"fp": fp, "path": path, "pythonpath": env.get("PYTHONPATH")}),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])}
-    with open(localserver.prefect_home() / "flywheel-warm.log", "ab") as log:
+            "PYTHONPATH": pythonpath_with_repo(env.get("PYTHONPATH"))}
+    with open(prefect_home() / "flywheel-warm.log", "ab") as log:
         # detached on purpose: never waited for (it outlives this command)
         proc = subprocess.Popen([sys.executable, "-c", "from flows.cli import warm_starter; warm_starter()"], env=boot, cwd="/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     # recorded at once, before it is ready (FP.PID.json; FP.json once it listens): `server stop` and the next
     # command see it while it imports, and a starter that lost a race never overwrites the winner's record
-    _write_state({"pid": proc.pid, "start": localserver._start_time(proc.pid), "fp": fp, "ready": False,
-                  "started": time.time(), "log": str(localserver.prefect_home() / "flywheel-warm.log")},
+    write_state({"pid": proc.pid, "start": start_time(proc.pid), "fp": fp, "ready": False,
+                  "started": time.time(), "log": str(prefect_home() / "flywheel-warm.log")},
                  f"{fp}.{proc.pid}")
     _spawned.append(proc)
     return proc
 
 
-def _write_state(st: dict, name: str | None = None) -> None:
+def write_state(st: dict, name: str | None = None) -> None:
     path = warm_dir() / f"{name or st['fp']}.json"
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(st))
@@ -232,7 +235,7 @@ def starters() -> list[dict]:
     for f in sorted(warm_dir().glob("*.json")) if warm_dir().is_dir() else []:
         try:
             st = json.loads(f.read_text())
-            alive = st["start"] is not None and localserver._start_time(int(st["pid"])) == st["start"]
+            alive = st["start"] is not None and start_time(int(st["pid"])) == st["start"]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written
         if alive and not any(o["pid"] == st["pid"] for o in out):
@@ -254,7 +257,7 @@ def stop_starters(timeout_s: float = 10.0) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     for st in sts:
         pid = int(st["pid"])
-        while localserver._start_time(pid) == st["start"] and time.monotonic() < deadline + 10.0:
+        while start_time(pid) == st["start"] and time.monotonic() < deadline + 10.0:
             if time.monotonic() > deadline:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
@@ -262,186 +265,3 @@ def stop_starters(timeout_s: float = 10.0) -> list[dict]:
         for name in (f"{st['fp']}.json", f"{st['fp']}.sock", f"{st['fp']}.{pid}.json"):
             (warm_dir() / name).unlink(missing_ok=True)
     return sts
-
-
-# --- the starter process ------------------------------------------------------------------------------------------
-
-def _server_gone(server: dict) -> bool:
-    st = localserver._read_state()
-    return not st or st.get("pid") != server["pid"] or localserver._start_time(int(server["pid"])) != server["start"]
-
-
-def serve(fp: str, command: Callable[[], None]) -> None:
-    """The starter: pre-import, listen on FP.sock, fork a child per connection that runs `command` (flows.cli's
-    `main`) until the shared server is gone, it idles out (the server's idle timeout) or SIGTERM."""
-    pending = warm_dir() / f"{fp}.{os.getpid()}.json"
-    try:
-        _serve(fp, command)
-    finally:
-        pending.unlink(missing_ok=True)
-
-
-def _serve(fp: str, command: Callable[[], None]) -> None:
-    server = localserver.shared_status()
-    if server is None:
-        print("flywheel-warm: no shared server runs: not starting", flush=True)
-        return
-    if any(st["fp"] == fp and st["pid"] != os.getpid() for st in starters()):
-        return
-    t0 = time.monotonic()
-    for mod in PRELOAD:
-        __import__(mod)
-    sock_path, state_path = warm_dir() / f"{fp}.sock", warm_dir() / f"{fp}.json"
-    stopping = [False]
-    signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__(0, True))
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped by the kernel
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with _dir_fd() as dfd, open(warm_dir() / f"{fp}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if any(st["fp"] == fp and st["pid"] != os.getpid() for st in starters()):
-            print(f"flywheel-warm: a starter of {fp[:12]} runs already", flush=True)
-            return
-        sock_path.unlink(missing_ok=True)
-        listener.bind(_short(sock_path, dfd))
-        listener.listen(16)
-        _write_state({"pid": os.getpid(), "start": localserver._start_time(os.getpid()), "fp": fp, "ready": True,
-                      "server_pid": server["pid"], "server_url": server["url"], "started": time.time(),
-                      "log": str(localserver.prefect_home() / "flywheel-warm.log")})
-        (warm_dir() / f"{fp}.{os.getpid()}.json").unlink(missing_ok=True)
-    print(f"flywheel-warm: starter {os.getpid()} of {fp[:12]} ready after {time.monotonic() - t0:.1f} s", flush=True)
-    idle_s = float(server.get("idle_s") or 0)
-    last = time.monotonic()
-    try:
-        while not stopping[0]:
-            try:
-                ready, _, _ = select.select([listener], [], [], 1.0)
-            except InterruptedError:
-                continue
-            if ready:
-                conn, _ = listener.accept()
-                last = time.monotonic()
-                _accept(conn, listener, command)  # the forked child never returns from it
-                continue
-            if _server_gone(server) or (idle_s and time.monotonic() - last > idle_s):
-                break
-    finally:
-        listener.close()
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(state_path.read_text())["pid"] == os.getpid():
-                state_path.unlink(missing_ok=True)
-                sock_path.unlink(missing_ok=True)
-    print(f"flywheel-warm: starter {os.getpid()} exits", flush=True)
-
-
-def _accept(conn: socket.socket, listener: socket.socket, command: Callable[[], None]) -> None:
-    """Receive one request and fork its child (which runs the command and exits), or refuse it."""
-    fds: list[int] = []
-    try:
-        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
-        if uid != os.getuid():
-            return
-        conn.settimeout(10.0)
-        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-        if len(data) < _HEADER.size or len(fds) != 3:
-            return
-        need = _HEADER.unpack_from(data)[0] + _HEADER.size
-        while len(data) < need:
-            chunk = conn.recv(need - len(data))
-            if not chunk:
-                return
-            data += chunk
-        req = json.loads(data[_HEADER.size:need])
-        if threading.active_count() != 1:  # a fork of a threaded process can deadlock: let the client run it
-            _send(conn, {"refused": f"{threading.active_count()} threads"})
-            return
-        pid = os.fork()
-        if pid == 0:
-            listener.close()
-            _child(conn, req, fds, command)  # does not return
-        print(f"flywheel-warm: forked {pid} for: {' '.join(req['argv'][1:])}", flush=True)
-        return
-    except (OSError, ValueError) as e:
-        print(f"flywheel-warm: a request failed: {e!r}", flush=True)
-        return
-    finally:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        conn.close()
-
-
-def _child(conn: socket.socket, req: dict, fds: list[int], command: Callable[[], None]) -> None:
-    """The forked command: the client's fds, cwd, environment and argv; `command()`; {"exit": code}."""
-    global _inside
-    code = 1
-    try:
-        _inside = True
-        os.setpgid(0, 0)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        sys.argv = list(req["argv"])
-        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(AttributeError, ValueError):
-                stream.reconfigure(line_buffering=stream is sys.stderr or stream.isatty(), write_through=unbuffered)
-        conn.settimeout(None)
-
-        def watch() -> None:  # any end of the client's connection: it is gone, however it died
-            with contextlib.suppress(OSError):
-                while conn.recv(1):
-                    pass
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        threading.Thread(target=watch, name="flywheel-warm-client", daemon=True).start()
-        import prefect.context
-        import prefect.logging.configuration
-
-        prefect.context.refresh_global_settings_context()  # the client's PREFECT_* environment
-        prefect.logging.configuration.setup_logging(incremental=False)  # handlers on the client's stderr
-        _send(conn, {"pid": os.getpid()})
-        try:
-            command()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if not isinstance(e.code, (int, type(None))):
-                print(e.code, file=sys.stderr)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        import atexit
-
-        # what the interpreter does at exit: threading's exit hooks (Prefect's log and event workers drain there)
-        # and the join of non-daemon threads, then atexit
-        threading._shutdown()
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        with contextlib.suppress(OSError):
-            _send(conn, {"exit": code})
-        os._exit(code)
-
-
-def boot(command: Callable[[], None]) -> None:
-    """The starter process's entry (flows.cli.warm_starter, spawned by spawn_starter): FLYWHEEL_WARM_BOOT holds the
-    fingerprint and the client's sys.path and PYTHONPATH; then `serve`."""
-    spec = json.loads(os.environ.pop("FLYWHEEL_WARM_BOOT"))
-    sys.path[:] = spec["path"]
-    if spec["pythonpath"] is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = spec["pythonpath"]
-    serve(spec["fp"], command)

@@ -369,7 +369,7 @@ def _count_slots(home: Path, taken: int) -> None:
 
 
 def test_own_server_resets_the_slots_no_live_command_holds(tmp_path):
-    """flows/localserver.py reset_orphan_slots: slots counted without a lease are set back to 0 by the next command
+    """flows/lease_reaper.py reset_orphan_slots: slots counted without a lease are set back to 0 by the next command
     on its own server when no other command lives, and left alone while another command lives."""
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
     env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "own"}

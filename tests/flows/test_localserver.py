@@ -138,7 +138,7 @@ def test_stale_state_is_replaced_and_bad_input_leaves_no_server(tmp_path):
         assert impostor.wait(timeout=5) is not None  # the stale server's process was stopped
         assert not (home / "flywheel-server.json").exists()  # and the server this command started is gone too
         assert not [ln for ln in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-                    .splitlines() if "flows.localserver" in ln and str(home) in ln]
+                    .splitlines() if "flows.server_process" in ln and str(home) in ln]
         # a state file whose pid is gone: replaced by the next command's server
         (home / "flywheel-server.json").write_text(json.dumps({
             "pid": impostor.pid, "start": start, "url": "http://127.0.0.1:9/api", "log": "-", "started": 0}))
