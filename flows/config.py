@@ -15,7 +15,7 @@ import tomllib
 import typing
 import zoneinfo
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -443,6 +443,19 @@ RUN_PARAMETERS: dict[str, dict[str, str]] = {
                  "grpo": "flywheel.grpo"},
     "curate": {}, "train_sft": {}, "train_grpo": {}, "evaluate": {},
 }
+
+
+def form_type(key: str) -> Any:
+    """The type of config key `section.key` with the key's bounds (its annotation, Annotated with the field's
+    constraints: gt=0 stays gt=0), for a served flow's plain run parameter of RUN_PARAMETERS: Prefect's parameter
+    schema, the run form and the server's schema check then refuse what the config refuses, before a run starts,
+    and the bound is written once, here in the config."""
+    model: type[BaseModel] = FlywheelConfig
+    *path, leaf = key.split(".")
+    for name in path:
+        model = _sections()[name] if model is FlywheelConfig else model.model_fields[name].annotation
+    f = model.model_fields[leaf]
+    return Annotated[f.annotation, *f.metadata] if f.metadata else f.annotation
 
 
 def run_config(cfg: FlywheelConfig, values: dict[str, Any], overrides: list[str] | None = None) -> FlywheelConfig:
