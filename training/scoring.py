@@ -46,9 +46,8 @@ class Sampling(BaseModel):
 
 
 class Scored(BaseModel):
-    """One policy's episodes on the tasks, scored: pass@1 (or pass@k) per suite label and over `all`."""
+    """One policy's episodes on the tasks, scored: pass@1 per suite label and over `all`."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
     policy: str
     scores: list[SuiteScore]
     rows: list[Trajectory] = Field(default_factory=list, repr=False)
