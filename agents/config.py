@@ -3,7 +3,8 @@
 Kinds: `reference` (replays the task's reference solution, offline default), `openai` (any OpenAI-compatible
 endpoint), `transformers` (in-process student, agents/transformers_policy.py, imported lazily), `vllm` (vLLM's
 offline engine, imported lazily; needs `pip install 'flywheel[gpu]'`). `MixtureConfig` holds several weighted
-policies. This module only validates and constructs; it sends no request.
+policies; `RolloutConfig` the knobs of running episodes (concurrency, turns, batches, infra retries). This
+module only validates and constructs; it sends no request.
 """
 
 from __future__ import annotations
@@ -87,6 +88,21 @@ class PolicyConfig(BaseModel):
     def name_or_kind(self) -> str:
         """The name rows carry (alias of policy_name, used by flows)."""
         return self.policy_name()
+
+
+class RolloutConfig(BaseModel):
+    """The `[rollout]` section: how every stage runs episodes into the lake (generate's chunks, the flywheel's
+    teacher, baseline and student stages, evaluate), through the one path in flows/rollouts.py, and the
+    benchmarks' scoring (training/scoring.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once in one rollout; it holds "
+                             "that many flywheel-sandbox slots (and endpoint slots for an openai policy).")
+    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode (per user turn of a multi-turn "
+                                                        "task, e.g. BFCL's) before it is cut off.")
+    batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
+    infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error "
+                               "(never counted as the model's failure).")
 
 
 class MixtureConfig(BaseModel):

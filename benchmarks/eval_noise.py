@@ -1,8 +1,8 @@
 """The noise of the flywheel's held-out sampled pass@1: one checkpoint scored again and again, only the seed changing.
 
 Scores a checkpoint on the default schedule's held-out tasks (flows/config.py's suites, run.seed 0) the way the
-SFT-only control does (flows/evaluate.py heldout_scores: flywheel.pass_k samples per task at
-flywheel.sample_temperature), once per sampling seed, and prints per seed the sampled pass@1 and its binomial
+SFT-only control does (training.scoring.score_sampled, the one scoring path: flywheel.pass_k samples per task at
+flywheel.sample_temperature, the [student] and [rollout] settings), once per sampling seed, and prints per seed the sampled pass@1 and its binomial
 standard error, then the spread across seeds (sample standard deviation) and the standard error of a difference of
 two such scores. This is the figure `flywheel.promote_margin` is set from: a GRPO checkpoint scored below SFT's
 by less than the noise is not worse. Writes JSON to --out. It changes nothing and trains nothing.
@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 _HERE = str(Path(__file__).resolve().parent)  # benchmarks/sandbox.py would shadow the package
@@ -36,20 +35,21 @@ def main() -> None:
     from flows.config import FlywheelConfig
     from flows.rollouts import heldout_tasks
     from sandbox.backend import open_backend
-    from training.evaluate import evaluate
+    from training.scoring import Sampling, run_in_memory, score_sampled
 
     cfg = FlywheelConfig()
     fw, held = cfg.flywheel, heldout_tasks(cfg)
     rows: list[dict] = []
     with open_backend(cfg.sandbox.model_copy(update={"backend": args.backend})) as backend:
+        run = run_in_memory(backend, cfg.rollout, run_id="eval-noise", round=0, rewards=cfg.rewards,
+                            judge=cfg.judge)
         for seed in range(args.seeds):
-            t = time.perf_counter()
-            ev = evaluate(args.checkpoint, held, backend, samples=fw.pass_k, temperature=fw.sample_temperature,
-                          seed=seed, max_new_tokens=cfg.student.max_new_tokens)
+            ev = score_sampled(args.checkpoint, held, student=cfg.student, run=run, name="eval",
+                               sampling=Sampling(k=fw.pass_k, temperature=fw.sample_temperature, seed=seed))
             n = len(held) * fw.pass_k
             p = ev.pass_rate
             rows.append({"seed": seed, "sampled_pass@1": p, "episodes": n, "binomial_se": (p * (1 - p) / n) ** 0.5,
-                         "wall_s": time.perf_counter() - t})
+                         "wall_s": ev.wall_s})
     vals = [r["sampled_pass@1"] for r in rows]
     sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
     summary = {"tasks": len(held), "pass_k": fw.pass_k, "temperature": fw.sample_temperature,

@@ -1,10 +1,11 @@
 """A later round's SFT at several step counts, from one finished run's round-1 student on its round-2 snapshot.
 
 Trains round 2's SFT again from a `make run` lake (the round-1 student that round 2 started from, the round-2
-snapshot, the run's saved config `runs/RUN/config.toml`: its seeds, SFT recipe and suites) once per step count in --steps (the first is the baseline; the default is the
-pre-change 400 beside today's `flywheel.later_sft_steps`), and scores each checkpoint on the held-out split the way
-the promotion stage does (flows/evaluate.py heldout_scores: greedy pass@1, then flywheel.pass_k samples at
-flywheel.sample_temperature with seed = the round, the same policies and seeds): per suite, beside the round-1
+snapshot, the run's saved config `runs/RUN/config.toml`: its seeds, SFT recipe and suites) once per step count in
+--steps (the first is the baseline; the default is the pre-change 400 beside today's `flywheel.later_sft_steps`),
+and scores each checkpoint on the held-out split the way the promotion stage does (training.scoring.
+score_checkpoint, the one scoring path: greedy pass@1, then flywheel.pass_k samples at flywheel.sample_temperature
+with seed = the round, the run's [student] and [rollout] settings): per suite, beside the round-1
 student's figures from the lake's rounds table. This is the measurement `flywheel.later_sft_steps` is set from.
 It writes checkpoints under --work and JSON to --out; the lake is only read (episodes are scored, not written).
 
@@ -38,12 +39,12 @@ def main() -> None:
     args = ap.parse_args()
 
     from flows.config import load_config
-    from flows.rollouts import heldout_tasks, student_policy
-    from flows.stages import score_rows
+    from flows.rollouts import heldout_tasks
+    from flows.stages import checkpoint_rows
     from sandbox.backend import open_backend
-    from training.evaluate import evaluate
     from training.promotion import HeldoutScores
     from training.registry import list_checkpoints
+    from training.scoring import Sampling, run_in_memory, score_checkpoint
     from training.sft import train_sft
     from warehouse.query import query
 
@@ -68,18 +69,14 @@ def main() -> None:
         "AND stage = 'eval'", [run_id]))
     held, fw = heldout_tasks(cfg), cfg.flywheel
 
-    def score(path: str) -> HeldoutScores:
+    def score(path: str, name: str, backend) -> HeldoutScores:
         """Greedy, then sampled, as flows/evaluate.py heldout_scores scores a round-2 checkpoint."""
-        metrics = []
-        for name, temperature, samples, seed in (("greedy", 0.0, 1, 0),
-                                                 ("sampled", fw.sample_temperature, fw.pass_k, ROUND)):
-            ev = evaluate(student_policy(cfg, path, name, temperature=temperature, seed=seed), held, backend,
-                          samples=samples)
-            prefix = "sampled_" if name == "sampled" else ""
-            metrics += [{**m, "metric": prefix + m["metric"]} for m in
-                        score_rows(ev.rows, run_id=run_id, round=ROUND, stage="eval", subject="bench",
-                                   split="heldout")]
-        return HeldoutScores.from_metrics(metrics)
+        res = score_checkpoint(path, held, student=cfg.student, name=name,
+                               sampling=Sampling(k=fw.pass_k, temperature=fw.sample_temperature, seed=ROUND),
+                               run=run_in_memory(backend, cfg.rollout, run_id=run_id, round=ROUND,
+                                                 rewards=cfg.rewards, judge=cfg.judge))
+        return HeldoutScores.from_metrics(checkpoint_rows(res, run_id=run_id, round=ROUND, stage="eval",
+                                                          subject="bench", split="heldout"))
 
     rows = []
     with open_backend(cfg.sandbox.model_copy(update={"backend": args.backend})) as backend:
@@ -89,7 +86,7 @@ def main() -> None:
                             cfg.sft.model_copy(update={"max_steps": steps}),
                             snapshot_id=sft2.snapshot_id, root=root)
             sft_s = time.perf_counter() - t
-            scores = score(res.checkpoint_path)
+            scores = score(res.checkpoint_path, f"student-r{ROUND}-s{steps}", backend)
             rows.append({"steps": steps, "sft_s": sft_s, "suites": {k: v.model_dump() for k, v in
                                                                     scores.suites.items()}})
 

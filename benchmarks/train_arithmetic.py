@@ -84,12 +84,13 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    from agents.config import RolloutConfig
     from sandbox.backend import open_backend
     from sandbox.result import SandboxConfig
     from tasks import arithmetic
-    from training.config import GRPOConfig
-    from training.evaluate import evaluate
+    from training.config import GRPOConfig, StudentConfig
     from training.grpo import train_grpo
+    from training.scoring import Sampling, run_in_memory, score_checkpoint
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -97,16 +98,17 @@ def main() -> None:
     with open_backend(SandboxConfig(backend=args.backend)) as backend:
         held = arithmetic.generate(args.heldout_tasks, split="heldout", seed=args.seed, difficulty=args.difficulty)
 
+        run = run_in_memory(backend, RolloutConfig(), run_id="eval", round=0)
+        sampling = (Sampling(k=args.eval_samples, temperature=args.eval_temperature, seed=args.seed)
+                    if args.eval_samples else None)
+
         def score(stage: str, model: str, tasks: list) -> None:
-            ev, w, c = _timed(evaluate, model, tasks, backend)
-            table.append({"stage": stage, "pass_rate": ev.pass_rate, "mean_reward": ev.mean_reward,
-                          "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
-            if args.eval_samples:
-                ev, w, c = _timed(evaluate, model, tasks, backend, samples=args.eval_samples,
-                                  temperature=args.eval_temperature,
-                                  seed=args.seed)
-                table.append({"stage": f"{stage} T={args.eval_temperature:g} x{args.eval_samples}", "pass_rate": ev.pass_rate,
-                              "mean_reward": ev.mean_reward, "verdicts": ev.verdicts, "wall_s": w, "cpu_s": c})
+            """Scored as the flywheel scores a checkpoint (training.scoring), with the config's defaults."""
+            res = score_checkpoint(model, tasks, student=StudentConfig(), run=run, name="eval", sampling=sampling)
+            for suffix, ev in (("", res.greedy), (f" T={args.eval_temperature:g} x{args.eval_samples}", res.sampled)):
+                if ev is not None:
+                    table.append({"stage": stage + suffix, "pass_rate": ev.pass_rate, "mean_reward": ev.mean_reward,
+                                  "verdicts": ev.verdicts, "wall_s": ev.wall_s, "cpu_s": ev.cpu_s})
 
         sft_path = args.sft_checkpoint
         if sft_path is None:

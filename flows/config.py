@@ -15,26 +15,19 @@ import tomllib
 import typing
 import zoneinfo
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agents.config import MixtureConfig, PolicyConfig
+from agents.config import MixtureConfig, PolicyConfig, RolloutConfig
 from agents.reference import ReferenceNoise
 from curate.config import CurateConfig, CurriculumConfig
 from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
 from tasks.judge import JudgeConfig
 from tasks.rewards import RewardConfig
-from training.config import (
-    TINY_FAMILIES,
-    DiagnosticsThresholds,
-    GRPOConfig,
-    MismatchThresholds,
-    SFTConfig,
-    TinyModelConfig,
-)
+from training.config import DiagnosticsThresholds, GRPOConfig, MismatchThresholds, SFTConfig, StudentConfig
 
 
 def _shipped_demos() -> list[str]:
@@ -192,20 +185,6 @@ class GenerateConfig(BaseModel):
                         "the task runner: threads, or Ray workers with run.ray_address).")
 
 
-class RolloutConfig(BaseModel):
-    """The `[rollout]` section: how every stage runs episodes into the lake (generate's chunks, the flywheel's
-    teacher, baseline and student stages, evaluate), through the one path in flows/rollouts.py."""
-
-    model_config = ConfigDict(extra="forbid")
-    concurrency: int = Field(default=8, gt=0, description="Episodes in flight at once in one rollout; it holds "
-                             "that many flywheel-sandbox slots (and endpoint slots for an openai policy).")
-    max_turns: int = Field(default=6, gt=0, description="Assistant turns per episode (per user turn of a multi-turn "
-                                                        "task, e.g. BFCL's) before it is cut off.")
-    batch_size: int = Field(default=25, gt=0, description="Rows per Parquet file written.")
-    infra_retries: int = Field(default=2, ge=0, description="Retries of an episode that hit an infra_error "
-                               "(never counted as the model's failure).")
-
-
 class SuiteStep(BaseModel):
     """One suite of the flywheel's schedule: from which round it is trained, how many tasks of each split."""
 
@@ -279,31 +258,6 @@ class FlywheelSection(BaseModel):
                                          "than this (absolute; 0: any drop). Default 0, measured: a make run "
                                          "promoted a round-2 GRPO checkpoint on sampled pass@1 (+0.005) whose "
                                          "greedy pass@1 was 0.86 against SFT's 0.89.")
-
-
-class StudentConfig(BaseModel):
-    """The student: the base model and how it generates in evaluations and rollouts."""
-
-    model_config = ConfigDict(extra="forbid")
-    base: str = Field(default="tiny", description="A tiny student built from the task corpus: 'tiny' (Qwen2-style), "
-                      "'tiny-gptoss' (GPT-OSS: MoE, attention sinks, sliding window, harmony template) or "
-                      "'tiny-qwen3' (Qwen3, <think> template); or a model folder / hub id.")
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Size of the tiny base student.")
-    max_new_tokens: int = Field(default=64, gt=0, description="Tokens per assistant turn.")
-    batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
-    threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
-                                                       "models on a shared CPU).")
-    thinking: bool | None = Field(default=None, description="The chat template's enable_thinking switch when the "
-                                  "student generates (Qwen3: false prefills an empty <think></think> block, so the "
-                                  "reply is the answer); None leaves the template's default (thinking on).")
-
-    @field_validator("base")
-    @classmethod
-    def _known_tiny(cls, v: str) -> str:
-        if v.startswith("tiny") and v not in TINY_FAMILIES and not Path(v).exists():
-            raise ValueError(f"student.base={v!r} is no tiny family ({', '.join(TINY_FAMILIES)}) and no model "
-                             f"folder; pick one of those or give a folder / hub id")
-        return v
 
 
 def _sections() -> dict[str, type[BaseModel]]:
@@ -489,6 +443,19 @@ RUN_PARAMETERS: dict[str, dict[str, str]] = {
                  "grpo": "flywheel.grpo"},
     "curate": {}, "train_sft": {}, "train_grpo": {}, "evaluate": {},
 }
+
+
+def form_type(key: str) -> Any:
+    """The type of config key `section.key` with the key's bounds (its annotation, Annotated with the field's
+    constraints: gt=0 stays gt=0), for a served flow's plain run parameter of RUN_PARAMETERS: Prefect's parameter
+    schema, the run form and the server's schema check then refuse what the config refuses, before a run starts,
+    and the bound is written once, here in the config."""
+    model: type[BaseModel] = FlywheelConfig
+    *path, leaf = key.split(".")
+    for name in path:
+        model = _sections()[name] if model is FlywheelConfig else model.model_fields[name].annotation
+    f = model.model_fields[leaf]
+    return Annotated[f.annotation, *f.metadata] if f.metadata else f.annotation
 
 
 def run_config(cfg: FlywheelConfig, values: dict[str, Any], overrides: list[str] | None = None) -> FlywheelConfig:

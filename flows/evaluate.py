@@ -5,10 +5,10 @@ training).
 `stage_control` scores the round's checkpoints (SFT's, and GRPO's when it ran), picks the candidate between them
 (training.promotion.choose_promotion, `[flywheel] promote`) and holds it against the incumbent
 (training.promotion.against_incumbent, `[flywheel] incumbent_z`). Wiring only: a model runs as a TransformersPolicy
-through the one rollout-to-lake path (flows/rollouts.py: slots, sandboxes, [rollout] knobs, rows in the lake), and
-the one scorer (warehouse/score.py, through flows.stages.score_rows) puts pass@1 and pass@k per suite into the
-rounds table. Every task here retries only on transient infrastructure errors (`ENDPOINT_RETRIES`); a retry
-skips the rows already written.
+through the one scoring path (training/scoring.py, which the benchmarks share) with the one rollout-to-lake path
+as its episode runner (flows/rollouts.py: slots, sandboxes, [rollout] knobs, rows in the lake), and the one scorer
+(warehouse/score.py) puts pass@1 and pass@k per suite into the rounds table (flows.stages.suite_rows). Every task
+here retries only on transient infrastructure errors (`ENDPOINT_RETRIES`); a retry skips the rows already written.
 """
 
 from __future__ import annotations
@@ -26,10 +26,17 @@ from flows.rollouts import (
     rollout_backend,
     rollout_rows,
     schedule_train_tasks,
-    student_policy,
     teacher_configs,
 )
-from flows.stages import StageTimer, metric, score_rows
+from flows.stages import StageTimer, checkpoint_rows, metric, score_rows, suite_rows
+from training.scoring import EpisodeRunner, Sampling, score_checkpoint, score_policy, student_policy
+
+
+def lake_runner(cfg: FlywheelConfig, backend: Any, *, run_id: str, round: int) -> EpisodeRunner:
+    """training.scoring's episode runner for a stage: the one rollout-to-lake path (rows written to the lake, an
+    earlier attempt's read back)."""
+    return lambda tasks, policy, samples: rollout_rows(cfg, tasks, policy, run_id=run_id, round=round,
+                                                       samples=samples, backend=backend)
 
 
 @task(name="score-base-and-teacher", **ENDPOINT_RETRIES)
@@ -41,13 +48,12 @@ def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str
     heldout = heldout_tasks(cfg)
     score = {"run_id": run_id, "round": 0, "stage": "eval", "split": "heldout"}
     with rollout_backend(cfg, []) as backend:
-        base = student_policy(cfg, base_path, "base", temperature=0.0)
-        rows = rollout_rows(cfg, heldout, base, run_id=run_id, round=0, samples=1, backend=backend)
-        metrics = score_rows(rows, subject="base", **score)
+        base = score_policy(student_policy(cfg.student, base_path, "base", temperature=0.0), heldout,
+                            run=lake_runner(cfg, backend, run_id=run_id, round=0))
+        metrics = suite_rows(base.scores, subject="base", **score)
     with rollout_backend(cfg, teacher_configs(cfg)) as backend:
-        rows = rollout_rows(cfg, heldout, build_teacher(cfg), run_id=run_id, round=0, samples=1,
-                            backend=backend)
-        metrics += score_rows(rows, subject="teacher", **score)
+        teacher = score_policy(build_teacher(cfg), heldout, run=lake_runner(cfg, backend, run_id=run_id, round=0))
+        metrics += suite_rows(teacher.scores, subject="teacher", **score)
     metrics.append(metric(run_id, 0, "baseline", "stage", "-", "all", "wall_s", timer.s))
     write_rows(cfg.run.out, "rounds", metrics)
     return {"wall_s": timer.s, "metrics": len(metrics)}
@@ -55,23 +61,16 @@ def stage_baseline(cfg: FlywheelConfig, run_id: str, base_path: str) -> dict[str
 
 def heldout_scores(cfg: FlywheelConfig, path: str, name: str, *, run_id: str, round: int, subject: str,
                    backend: Any, sampled: bool) -> list[dict[str, Any]]:
-    """Rounds-table rows of a checkpoint on every held-out task: greedy pass@1 (policy `name`); with `sampled`,
-    flywheel.pass_k episodes per task at flywheel.sample_temperature (policy `name-tT`): their mean pass rate as
-    `sampled_pass@1` (with `sampled_episodes`) and, for pass_k > 1, pass@k."""
+    """Rounds-table rows of a checkpoint on every held-out task (training.scoring.score_checkpoint): greedy pass@1
+    (policy `name`); with `sampled`, flywheel.pass_k episodes per task at flywheel.sample_temperature with the
+    round as seed (policy `name-tT`): their mean pass rate as `sampled_pass@1` (with `sampled_episodes`) and, for
+    pass_k > 1, pass@k."""
     fw = cfg.flywheel
-    heldout = heldout_tasks(cfg)
     score = {"run_id": run_id, "round": round, "subject": subject, "stage": "eval", "split": "heldout"}
-    greedy = student_policy(cfg, path, name, temperature=0.0)
-    rows = rollout_rows(cfg, heldout, greedy, run_id=run_id, round=round, samples=1, backend=backend)
-    metrics = score_rows(rows, **score)
-    if sampled:
-        policy = student_policy(cfg, path, f"{name}-t{fw.sample_temperature:g}", temperature=fw.sample_temperature,
-                                seed=round)
-        rows = rollout_rows(cfg, heldout, policy, run_id=run_id, round=round, samples=fw.pass_k, backend=backend)
-        metrics += [{**m, "metric": "sampled_" + m["metric"]} for m in score_rows(rows, **score)]
-        if fw.pass_k > 1:
-            metrics += [m for m in score_rows(rows, k=fw.pass_k, **score) if m["metric"] != "episodes"]
-    return metrics
+    sampling = Sampling(k=fw.pass_k, temperature=fw.sample_temperature, seed=round) if sampled else None
+    res = score_checkpoint(path, heldout_tasks(cfg), student=cfg.student, name=name, sampling=sampling,
+                           run=lake_runner(cfg, backend, run_id=run_id, round=round))
+    return checkpoint_rows(res, **score)
 
 
 def incumbent_metrics(cfg: FlywheelConfig, run_id: str, incumbent: dict[str, Any]) -> list[dict[str, Any]]:
@@ -196,8 +195,8 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
             metrics = heldout_scores(cfg, student["path"], name, run_id=run_id, round=round, subject="student",
                                      backend=backend, sampled=fw.pass_k > 1)
         if fw.student_train_samples > 0 and round < fw.rounds:
-            explore = student_policy(cfg, student["path"], f"{name}-train", temperature=fw.sample_temperature,
-                                     seed=1000 + round)
+            explore = student_policy(cfg.student, student["path"], f"{name}-train",
+                                     temperature=fw.sample_temperature, seed=1000 + round)
             rows = rollout_rows(cfg, train, explore, run_id=run_id, round=round,
                                 samples=fw.student_train_samples, backend=backend)
             metrics += score_rows(rows, stage="student", split="train", run_id=run_id, round=round,
@@ -213,9 +212,9 @@ def evaluate_task(cfg: FlywheelConfig, model: str, run_id: str, round: int, name
     from warehouse.lake import write_rows
 
     with rollout_backend(cfg, []) as backend:
-        rows = rollout_rows(cfg, heldout_tasks(cfg), student_policy(cfg, model, name, temperature=0.0),
-                            run_id=run_id, round=round, samples=1, backend=backend)
-    metrics = score_rows(rows, run_id=run_id, round=round, stage="eval", subject="eval", split="heldout")
+        res = score_checkpoint(model, heldout_tasks(cfg), student=cfg.student, name=name, sampling=None,
+                               run=lake_runner(cfg, backend, run_id=run_id, round=round))
+    metrics = checkpoint_rows(res, run_id=run_id, round=round, stage="eval", subject="eval", split="heldout")
     write_rows(cfg.run.out, "rounds", metrics)
     return [m for m in metrics if m["metric"].startswith("pass@")]
 

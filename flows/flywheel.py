@@ -39,7 +39,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field
 
 from flows.artifacts import viewer_links
-from flows.config import FlywheelConfig, SuiteStep
+from flows.config import FlywheelConfig, SuiteStep, form_type
 from flows.curate import stage_curate
 from flows.evaluate import stage_baseline, stage_control, stage_student
 from flows.generate import new_run_id, stage_teacher, teacher_ahead_process
@@ -89,8 +89,11 @@ def _promote(ledger: Ledger, cfg: FlywheelConfig, run_id: str, round: int, stude
     return student
 
 
+Rounds = form_type("flywheel.rounds")  # the run form's parameter: the config key's type and bounds
+
+
 @flow(name="flywheel", log_prints=True)
-def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: int | None = None,
+def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: Rounds | None = None,
                   suites: list[SuiteStep] | None = None, student_base: str | None = None, grpo: bool | None = None,
                   overrides: list[str] | None = None) -> FlywheelSummary:
     """Rounds of teacher -> curate -> SFT -> GRPO -> student re-rollout, then the report.

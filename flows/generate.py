@@ -14,7 +14,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from flows.artifacts import progress_callback
 from flows.concurrency import ENDPOINT_RETRIES, default_limits, ensure_limits
-from flows.config import FlywheelConfig
+from flows.config import FlywheelConfig, RunConfig, form_type
 from flows.rollouts import (
     build_teacher,
     check_teacher_and_sandbox,
@@ -179,12 +179,17 @@ def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
     preflight_once("generate", cfg, check, recheck=recheck)
 
 
-@flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=2))
-def generate_flow(cfg: FlywheelConfig, suite: str | None = None, split: str | None = None,
-                  n_tasks: int | None = None, samples: int | None = None,
-                  teacher_kind: Literal["reference", "openai", "transformers", "vllm"] | None = None,
+# The run form's plain parameters: the config keys' types and bounds (flows.config.RUN_PARAMETERS, form_type).
+Suite, Split, NTasks, Samples = (form_type(f"generate.{k}") for k in ("suite", "split", "n_tasks", "samples"))
+TeacherKind, Backend = form_type("teacher.kind"), form_type("sandbox.backend")
+
+
+@flow(name="generate", log_prints=True, task_runner=make_task_runner(None, max_workers=RunConfig().max_workers))
+def generate_flow(cfg: FlywheelConfig, suite: Suite | None = None, split: Split | None = None,
+                  n_tasks: NTasks | None = None, samples: Samples | None = None,
+                  teacher_kind: TeacherKind | None = None,
                   teacher_model: str | None = None, teacher_endpoint: str | None = None,
-                  backend: Literal["auto", "docker", "local"] | None = None,
+                  backend: Backend | None = None,
                   overrides: list[str] | None = None) -> GenerateSummary:
     """Roll the teacher out on a suite and land verified trajectories in the lake.
 

@@ -49,15 +49,6 @@ def heldout_tasks(cfg: FlywheelConfig) -> list:
     return [t for step in cfg.flywheel.suites for t in suite_tasks(step, "heldout", cfg.run.seed)]
 
 
-def student_policy(cfg: FlywheelConfig, model_path: str, name: str, *, temperature: float, seed: int = 0):
-    """The student (or any model folder / hub id) as a policy, with the [student] generation settings."""
-    from agents.transformers_policy import TransformersPolicy
-
-    s = cfg.student
-    return TransformersPolicy(model_path, name=name, temperature=temperature, max_new_tokens=s.max_new_tokens,
-                              batch_size=s.batch_size, seed=seed, threads=s.threads, enable_thinking=s.thinking)
-
-
 def teacher_configs(cfg: FlywheelConfig) -> list[PolicyConfig]:
     """The teacher's policy configs: those of [teacher_mixture] when set, else [teacher]."""
     return list(cfg.teacher_mixture.policies) if cfg.teacher_mixture else [cfg.teacher]

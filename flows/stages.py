@@ -1,5 +1,5 @@
 """The stage ledger of a flywheel run: which stages finished, and what they produced; and the rounds-table rows
-that stages record (`metric`, `score_rows`, `StageTimer`).
+that stages record (`metric`, `suite_rows`, `checkpoint_rows`, `score_rows`, `StageTimer`).
 
 Each finished stage writes one small JSON file, ROOT/runs/RUN_ID/stages/RRR-NAME.json, atomically (temp name,
 rename) and only after its outputs are durable. `flywheel run --resume RUN_ID` reads the ledger and skips the
@@ -13,9 +13,13 @@ import json
 import os
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
+
+if TYPE_CHECKING:
+    from training.scoring import CheckpointScore
+    from warehouse.score import SuiteScore
 
 
 def metric(run_id: str, round: int, stage: str, subject: str, split: str, suite: str, metric: str,
@@ -25,17 +29,39 @@ def metric(run_id: str, round: int, stage: str, subject: str, split: str, suite:
             "metric": metric, "value": float(value), "created_at": datetime.now(timezone.utc)}
 
 
+def suite_rows(scores: list[SuiteScore], *, run_id: str, round: int, stage: str, subject: str, split: str,
+               prefix: str = "", episodes: bool = True) -> list[dict[str, Any]]:
+    """Rounds-table rows of scores per suite label (training.scoring's, the one scorer's): each metric named with
+    `prefix` (e.g. sampled_), and with `episodes` the episodes scored beside it (metric PREFIXepisodes)."""
+    out = []
+    for s in scores:
+        out.append(metric(run_id, round, stage, subject, split, s.suite, prefix + s.metric, s.value))
+        if episodes:
+            out.append(metric(run_id, round, stage, subject, split, s.suite, prefix + "episodes", s.episodes))
+    return out
+
+
+def checkpoint_rows(score: CheckpointScore, *, run_id: str, round: int, stage: str, subject: str,
+                    split: str) -> list[dict[str, Any]]:
+    """Rounds-table rows of a checkpoint's score (training.scoring.score_checkpoint): pass@1 and episodes per
+    suite; when sampled, sampled_pass@1 and sampled_episodes, and pass@k (k > 1). HeldoutScores.from_metrics
+    reads them back."""
+    where = {"run_id": run_id, "round": round, "stage": stage, "subject": subject, "split": split}
+    rows = suite_rows(score.greedy.scores, **where)
+    if score.sampled is not None:
+        rows += suite_rows(score.sampled.scores, prefix="sampled_", **where)
+        rows += suite_rows(score.pass_k, episodes=False, **where)
+    return rows
+
+
 def score_rows(rows: list, *, run_id: str, round: int, stage: str, subject: str, split: str,
                k: int = 1) -> list[dict[str, Any]]:
     """Rounds-table rows of pass@1 (k <= 1) or pass@k per suite label and over all, with the episodes scored
     (the one scorer, warehouse.score: infra_error excluded)."""
     from warehouse.score import score_by_suite
 
-    out = []
-    for s in score_by_suite(rows, k):
-        out.append(metric(run_id, round, stage, subject, split, s.suite, s.metric, s.value))
-        out.append(metric(run_id, round, stage, subject, split, s.suite, "episodes", s.episodes))
-    return out
+    return suite_rows(score_by_suite(rows, k), run_id=run_id, round=round, stage=stage, subject=subject,
+                      split=split)
 
 
 class StageTimer:

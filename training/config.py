@@ -1,4 +1,5 @@
-"""Typed configuration of the training stages (SFT, GRPO) and of the tiny offline student.
+"""Typed configuration of the training stages (SFT, GRPO), of the student (its base and how it generates) and of
+the tiny offline student.
 
 Pydantic models with a description on every field: they are Prefect flow parameters (forms in the UI), TOML
 sections of a run config, and the single place where defaults live. Defaults are the measured offline default
@@ -7,9 +8,10 @@ sections of a run config, and the single place where defaults live. Defaults are
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TINY_FAMILIES = ("tiny", "tiny-gptoss", "tiny-qwen3")  # student.base names of training/tiny.py's FAMILIES
 
@@ -32,6 +34,31 @@ class TinyModelConfig(BaseModel):
                                    "every pretrained model can; it never shows a chat turn or a tool call (the base "
                                    "still scores 0%). 400 steps (~50 s on one core) remove the ~1,000-step loss "
                                    "plateau of SFT; 0 keeps the random weights.")
+
+
+class StudentConfig(BaseModel):
+    """The student: the base model and how it generates in evaluations and rollouts."""
+
+    model_config = ConfigDict(extra="forbid")
+    base: str = Field(default="tiny", description="A tiny student built from the task corpus: 'tiny' (Qwen2-style), "
+                      "'tiny-gptoss' (GPT-OSS: MoE, attention sinks, sliding window, harmony template) or "
+                      "'tiny-qwen3' (Qwen3, <think> template); or a model folder / hub id.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Size of the tiny base student.")
+    max_new_tokens: int = Field(default=64, gt=0, description="Tokens per assistant turn.")
+    batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
+    threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
+                                                       "models on a shared CPU).")
+    thinking: bool | None = Field(default=None, description="The chat template's enable_thinking switch when the "
+                                  "student generates (Qwen3: false prefills an empty <think></think> block, so the "
+                                  "reply is the answer); None leaves the template's default (thinking on).")
+
+    @field_validator("base")
+    @classmethod
+    def _known_tiny(cls, v: str) -> str:
+        if v.startswith("tiny") and v not in TINY_FAMILIES and not Path(v).exists():
+            raise ValueError(f"student.base={v!r} is no tiny family ({', '.join(TINY_FAMILIES)}) and no model "
+                             f"folder; pick one of those or give a folder / hub id")
+        return v
 
 
 class SFTConfig(BaseModel):

@@ -1,8 +1,8 @@
 """The one scorer: pass@1 and pass@k of episodes, overall and per suite label, from their verdicts.
 
 Every score the project reports goes through here: the flows' rounds-table metrics (flows/stages.py), the
-curriculum's per-task history (curate/curriculum.py), `training.evaluate` (and the benchmarks that use it), the
-viewer's pages and `flywheel stats` (their SQL aggregate, `PASS_RATE_SQL`). The rules, written once:
+curriculum's per-task history (curate/curriculum.py), `training.scoring` (the flywheel's scoring stages and the
+benchmarks), the viewer's pages and `flywheel stats` (their SQL aggregate, `PASS_RATE_SQL`). The rules, written once:
   - only scored verdicts count (warehouse.record.SCORED_VERDICTS): an infra_error says nothing about the model;
   - pass@1 = passes / scored episodes;
   - pass@k is the unbiased estimator of Chen et al. 2021 per task (n samples, c passes), averaged over the tasks

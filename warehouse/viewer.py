@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from warehouse import chat
 from warehouse.lakefs import open_lake
 from warehouse.query import connect
 from warehouse.score import PASS_RATE_SQL, pass_at_k
@@ -34,7 +35,6 @@ LIST_COLUMNS = ("trajectory_id", "run_id", "round", "source", "policy", "suite",
 SORTABLE = frozenset(LIST_COLUMNS) - {"hack_flags"}
 # Equality filters of the episode list: query-string name -> column.
 FILTERS = ("run_id", "round", "source", "policy", "suite", "split", "verdict", "task_id")
-THINK_RE = re.compile(r"<think>(.*?)</think>\s*", re.DOTALL)
 
 
 class ViewError(Exception):
@@ -309,14 +309,15 @@ def filter_choices(con: duckdb.DuckDBPyConnection, root: str | None = None) -> d
 
 
 # ----------------------------------------------------------------------------- one episode
-def split_reasoning(content: str | None) -> tuple[str | None, str]:
-    """(reasoning, the rest) of an assistant message whose text holds <think>...</think> blocks."""
-    if not content or "<think>" not in content:
-        return None, content or ""
-    found = THINK_RE.findall(content)
-    if not found:
-        return None, content
-    return "\n\n".join(s.strip() for s in found), THINK_RE.sub("", content).strip()
+def message_reasoning(message: dict[str, Any]) -> tuple[str | None, str]:
+    """(reasoning, text) of a stored assistant message, read as the conversation codec reads one (warehouse.chat,
+    as `from_chat` does): the record's `reasoning` field, else an opening `<think>...</think>` block of the content
+    (`chat.split_reasoning`), whose text is then the rest, stripped; else the content as it is."""
+    content = message.get("content") or ""
+    if message.get("reasoning"):
+        return message["reasoning"], content
+    reasoning, rest = chat.split_reasoning(content)
+    return reasoning, rest.strip() if rest != content else content
 
 
 def episode(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict[str, Any]:
@@ -334,7 +335,7 @@ def episode(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict[str, Any
     calls: dict[str, dict[str, Any]] = {}
     for i, m in enumerate(row["messages"] or []):
         m["idx"] = i
-        m["reasoning"], m["text"] = split_reasoning(m.get("content")) if m["role"] == "assistant" else \
+        m["reasoning"], m["text"] = message_reasoning(m) if m["role"] == "assistant" else \
             (None, m.get("content") or "")
         for tc in m.get("tool_calls") or []:
             tc["parsed"] = _json(tc["function"]["arguments"], None)

@@ -31,3 +31,46 @@ def test_lists_are_replaced_whole_and_round_trip_through_toml(tmp_path):
 def test_unknown_keys_still_fail():
     with pytest.raises(ConfigError, match="unknown config key 'sft.max_step'"):
         load_config(overrides=["sft.max_step=3"])
+
+
+def test_run_form_parameters_carry_the_config_bounds():
+    """The served flows' plain run parameters take their config key's type and bounds (flows.config.form_type):
+    Prefect's parameter schema (the run form, the server's schema check) holds the config's bound."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.config import RUN_PARAMETERS, form_type
+    from flows.flywheel import flywheel_flow
+    from flows.generate import generate_flow
+
+    gen = parameter_schema(generate_flow).model_dump_for_openapi()["properties"]
+    for name in ("n_tasks", "samples"):
+        bounded = [k for k in gen[name]["anyOf"] if k.get("type") == "integer"]
+        assert bounded == [{"type": "integer", "exclusiveMinimum": 0}], name
+    assert [k.get("enum") for k in gen["backend"]["anyOf"] if "enum" in k] == [["auto", "docker", "local"]]
+    fw = parameter_schema(flywheel_flow).model_dump_for_openapi()["properties"]
+    assert {"type": "integer", "minimum": 1} in fw["rounds"]["anyOf"]
+    assert str(form_type(RUN_PARAMETERS["generate"]["n_tasks"])) == str(form_type("generate.n_tasks"))
+    assert form_type("generate.suite") is str  # no bound: the plain type
+
+
+def test_a_bad_run_parameter_is_refused_before_the_run_starts():
+    """n_tasks=-3 fails the deployment's run-form schema (what the server checks with enforce_parameter_schema,
+    before it creates the run) and the flow's own parameter validation (before its body runs)."""
+    from prefect.exceptions import ParameterTypeError
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    from flows.config import ServeConfig
+    from flows.generate import generate_flow
+    from flows.serve import build_deployments
+
+    cfg = FlywheelConfig()
+    (dep,) = build_deployments(cfg, ServeConfig(flows=["generate"]))
+    assert dep.enforce_parameter_schema
+    schema = dep._parameter_openapi_schema.model_dump_for_openapi()
+    assert schema["properties"]["n_tasks"]["exclusiveMinimum"] == 0
+    validate({"n_tasks": 3}, schema, raise_on_error=True, ignore_required=True)
+    with pytest.raises(ValidationError, match="n_tasks"):
+        validate({"n_tasks": -3}, schema, raise_on_error=True, ignore_required=True)
+    with pytest.raises(ParameterTypeError, match="n_tasks"):
+        generate_flow.validate_parameters({"cfg": cfg, "n_tasks": -3})
+    assert generate_flow.validate_parameters({"cfg": cfg, "n_tasks": 3})["n_tasks"] == 3
