@@ -12,20 +12,25 @@ otherwise touch a process."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 GONE_STATES = ("Z", "X")
 
 
-@dataclass(frozen=True)
 class Stat:
-    """The fields of /proc/PID/stat this project reads."""
+    """The fields of /proc/PID/stat this project reads. A plain class, not a dataclass: the in-sandbox kernel
+    imports this module on every start, and `dataclasses` costs it several milliseconds of imports."""
 
-    pid: int
-    comm: str  # the command name, at most 15 bytes as the kernel keeps it
-    state: str  # one letter: R, S, D, T, t, Z, X, ...
-    ppid: int
-    start: str  # field 22: start time in clock ticks since boot
+    __slots__ = ("comm", "pid", "ppid", "start", "state")
+
+    def __init__(self, pid: int, comm: str, state: str, ppid: int, start: str) -> None:
+        self.pid = pid
+        self.comm = comm  # the command name, at most 15 bytes as the kernel keeps it
+        self.state = state  # one letter: R, S, D, T, t, Z, X, ...
+        self.ppid = ppid
+        self.start = start  # field 22: start time in clock ticks since boot
+
+    def __repr__(self) -> str:
+        return f"Stat(pid={self.pid}, comm={self.comm!r}, state={self.state!r}, ppid={self.ppid}, start={self.start!r})"
 
     @property
     def alive(self) -> bool:
