@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from sandbox import procfs
+
 CHURN = r"""
 import sys, threading
 from sandbox.local import LocalBackend
@@ -37,38 +39,27 @@ threading.Event().wait()
 """
 
 
-def start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return None
-
-
 def owned_by(owner: str) -> list[tuple[int, str]]:
     """(pid, command line) of every live non-zombie process whose argv holds owner=OWNER."""
     out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"owner={owner}".encode() in argv and state != "Z":
-            out.append((int(d.name), b" ".join(argv[:3]).decode(errors="replace")))
+    for pid in procfs.pids():
+        argv = procfs.cmdline(pid)
+        if f"owner={owner}".encode() in argv and procfs.running(pid):
+            out.append((pid, b" ".join(argv[:3]).decode(errors="replace")))
     return out
 
 
 def describe(pid: int) -> str:
     """State, kernel wait channel, parent and open descriptors of pid (what a stuck process waits on)."""
+    st = procfs.stat(pid)
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         wchan = Path(f"/proc/{pid}/wchan").read_text()
         fds = {f.name: os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()}
-        return f"state {stat[0]} ppid {stat[1]} wchan {wchan} fds {fds}"
     except OSError as e:
         return f"gone ({e})"
+    if st is None:
+        return "gone"
+    return f"state {st.state} ppid {st.ppid} wchan {wchan} fds {fds}"
 
 
 def main() -> int:
@@ -90,7 +81,7 @@ def main() -> int:
             p.wait()
             not_started += 1
             continue
-        owner = f"{p.pid}-{start_time(p.pid)}"
+        owner = f"{p.pid}-{procfs.start_time(p.pid)}"
         time.sleep(random.uniform(0.5, 2.0))
         p.send_signal(signal.SIGKILL)
         p.wait()
