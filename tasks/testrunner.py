@@ -8,7 +8,7 @@ group, wall-clock limit, killed as a group afterwards), so a crash, exit or hang
 another. A test reports through a private pipe, exactly once; the worker reports how each test process ended. A
 file that does not parse is one failing test. No report, two reports, a SystemExit or a changed `builtins` are
 recorded as events and never count as a pass.
-This is feedback for the agent only: verdicts come from tasks/unittests.py (the judge's data and isolated paths),
+This is feedback for the agent only: verdicts come from tasks/judge/unittests.py (the judge's data and isolated paths),
 which never uses this harness.
 """
 

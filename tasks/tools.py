@@ -248,7 +248,7 @@ def workspace_snapshot(sandbox: Sandbox) -> WorkspaceSnapshot:
     """Hash (and keep small texts of) every file in the workspace, symlinks not followed.
 
     The episode loop calls this after the last turn and before closing the sandbox, and hands it to
-    `tasks.verify.verify(..., workspace=...)`. A sandbox failure yields a snapshot with `error` set (verification
+    `tasks.judge.verify.verify(..., workspace=...)`. A sandbox failure yields a snapshot with `error` set (verification
     then fails closed) rather than an exception.
     """
     try:

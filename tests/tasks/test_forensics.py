@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.forensics import REASON_CODES, _Ctx, hack_flags, inspect_episode, scan_shell, special_cased_values
+from tasks.judge.forensics import REASON_CODES, _Ctx, hack_flags, inspect_episode, scan_shell, special_cased_values
+from tasks.judge.unittests import TestResult, TestRun
+from tasks.judge.verify import verify
 from tasks.spec import Task
 from tasks.tools import FileState, WorkspaceSnapshot, pristine_snapshot
-from tasks.unittests import TestResult, TestRun
-from tasks.verify import verify
 from warehouse.record import Message
 
 CORPUS = Path(__file__).parent / "corpus"

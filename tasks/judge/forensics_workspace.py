@@ -4,12 +4,12 @@ modified or deleted, conftests added, library modules shadowed, and the static r
 
 from __future__ import annotations
 
-from tasks.constfold import HOLE
-from tasks.forensics_context import SHADOWED, Finding, _base, _Ctx
-from tasks.forensics_python import scan_python
+from tasks.judge.constfold import HOLE
+from tasks.judge.forensics_context import SHADOWED, Finding, _base, _Ctx
+from tasks.judge.forensics_python import scan_python
+from tasks.judge.unittests import is_test_path
 from tasks.spec import Task
 from tasks.tools import WorkspaceSnapshot, pristine_snapshot
-from tasks.unittests import is_test_path
 
 
 def inspect_workspace(task: Task, workspace: WorkspaceSnapshot) -> list[Finding]:

@@ -8,7 +8,7 @@ import posixpath
 import re
 import shlex
 
-from tasks.forensics_context import _crawl_root_outside, _Ctx, _is_hidden_path, _norm_path
+from tasks.judge.forensics_context import _crawl_root_outside, _Ctx, _is_hidden_path, _norm_path
 
 # ------------------------------------------------------------------------------------------------ shell
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks import pyast
-from tasks.constfold import MAX_LEN, UNKNOWN, Folder, Hole, _known
+from tasks.judge.constfold import MAX_LEN, UNKNOWN, Folder, Hole, _known
 
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
 

@@ -1,7 +1,7 @@
 """The static reader of Python source for forensics: parse as the interpreter reads it (BOM, PEP 263), fold names
-built at run time (tasks/constfold.py), resolve getattr/__import__/importlib on sensitive modules, and report
+built at run time (tasks/judge/constfold.py), resolve getattr/__import__/importlib on sensitive modules, and report
 early exits, patched evaluators, forged comparisons, crawls and lookups. Runs no code; the shell reader is
-tasks/forensics_shell.py.
+tasks/judge/forensics_shell.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks import pyast
-from tasks.constfold import DECODERS, HOLE, Folder, Hole
-from tasks.forensics_context import (
+from tasks.judge.constfold import DECODERS, HOLE, Folder, Hole
+from tasks.judge.forensics_context import (
     _PROC_FD,
     FILE_ACCESS,
     SHADOWED,
@@ -27,7 +27,7 @@ from tasks.forensics_context import (
     _is_hidden_path,
     _norm_path,
 )
-from tasks.forensics_shell import scan_shell
+from tasks.judge.forensics_shell import scan_shell
 
 # --------------------------------------------------------------------------------------------- python AST
 

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import ast
 
-from tasks.answers import extract_answer, numbers_match
-from tasks.constfold import HOLE
-from tasks.forensics_context import SHADOWED, Action, Finding, _base, _Ctx, _is_hidden_path, _norm_path, tool_actions
-from tasks.forensics_python import parse_as_python, scan_python
-from tasks.forensics_shell import _REDIR, scan_shell
-from tasks.provenance import Answer, numbers_in, other_call, python_call
+from tasks.judge.answers import extract_answer, numbers_match
+from tasks.judge.constfold import HOLE
+from tasks.judge.forensics_context import (
+    SHADOWED,
+    Action,
+    Finding,
+    _base,
+    _Ctx,
+    _is_hidden_path,
+    _norm_path,
+    tool_actions,
+)
+from tasks.judge.forensics_python import parse_as_python, scan_python
+from tasks.judge.forensics_shell import _REDIR, scan_shell
+from tasks.judge.provenance import Answer, numbers_in, other_call, python_call
 from tasks.spec import Task
 from tasks.tools import workspace_path
 from warehouse.record import Message
@@ -103,7 +112,7 @@ def untraced_answer(task: Task, messages: list[Message], actions: list[Action]) 
     """Why a rewarded answer of a tool-requiring task did not come from that tool, or None.
 
     The answer counts as the tool's when some output of a well-formed call of the required tool shows the number
-    and that call computed it from the problem's quantities (tasks/provenance.py: no constant the model chose
+    and that call computed it from the problem's quantities (tasks/judge/provenance.py: no constant the model chose
     carries it to an output, some output depends on the prompt's numbers, and that output is not a constant in
     disguise). A wrong answer is left to the verifier (a fail, not a hack)."""
     req = task.verifier.requires_tool

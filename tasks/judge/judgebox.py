@@ -1,6 +1,6 @@
 """What the judge runs INSIDE a fresh sandbox: the call server and the isolated test runner (standard library only).
 
-Sent as `python3 -I -c SOURCE`, where SOURCE is tasks/plaindata.py followed by this file and one line that picks
+Sent as `python3 -I -c SOURCE`, where SOURCE is tasks/judge/plaindata.py followed by this file and one line that picks
 the role; nothing here is imported on the host.
 
 - The call server (`serve`) writes the agent's files to a temp folder, imports the solution module once, then
@@ -25,7 +25,7 @@ the role; nothing here is imported on the host.
   solution. Its one report line carries the secret; the host accepts it only with that secret and exit status 0.
 - Every path starts with a census (`census`): a process of this sandbox left by an earlier command (an orphan of
   PID 1: a double fork, a daemon) or a tracer of the runner is reported, and the host then gives that path no
-  result (tasks/unittests.py also gives each path a fresh sandbox, so there is none to find).
+  result (tasks/judge/unittests.py also gives each path a fresh sandbox, so there is none to find).
 - Runner and server as different users where the backend allows (Docker): an exec as the sandbox user (nobody)
   runs `launch`, which starts a detached server listening on a Unix socket and returns; then an exec as another
   unprivileged uid (no capability either) runs the runner, which connects to it. The solution then cannot signal
@@ -337,7 +337,7 @@ def launch():
     _os._exit(0 if ok else 1)
 
 
-# ---- the isolated runner: everything below is left out of the call server's program (tasks/unittests.py) ----
+# ---- the isolated runner: everything below is left out of the call server's program (tasks/judge/unittests.py) ----
 
 
 class _CallFailed(Exception):

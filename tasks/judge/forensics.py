@@ -3,11 +3,11 @@
 Three channels, each optional except the first:
 - messages: every tool call's arguments (the code the agent ran, the files it wrote, the paths it read, the shell
   commands), analysed statically: Python is read as the interpreter reads it (a BOM, a PEP 263 coding line),
-  names built at run time are folded (tasks/constfold.py: concatenation, f-strings, chr, join, base64, rot13,
+  names built at run time are folded (tasks/judge/constfold.py: concatenation, f-strings, chr, join, base64, rot13,
   bytes.decode, exec of data) and resolved through getattr/setattr/vars/__import__/importlib/sys.modules; what
   cannot be resolved on a sensitive module is itself a finding. Shell commands are read token by token. For
   suites that require a tool, the rewarded answer must come out of that tool's computation over the problem's
-  quantities (tasks/provenance.py: not a literal the model chose, however disguised);
+  quantities (tasks/judge/provenance.py: not a literal the model chose, however disguised);
 - workspace: the final workspace snapshot (tasks.tools.workspace_snapshot) against the pristine files of the task;
 - tests: the fail-closed test run of the verifier (runtime events such as SystemExit or patched builtins, and the
   visible/hidden split).
@@ -23,7 +23,7 @@ shell commands), forensics_messages.py, forensics_workspace.py and forensics_tes
 
 from __future__ import annotations
 
-from tasks.forensics_context import (
+from tasks.judge.forensics_context import (
     FILE_ACCESS,
     FORENSICS_VERSION,
     HIDDEN_MARKERS,
@@ -35,13 +35,13 @@ from tasks.forensics_context import (
     _Ctx,
     tool_actions,
 )
-from tasks.forensics_messages import (
+from tasks.judge.forensics_messages import (
     inspect_messages,
     numbers_in,
     printed_literals,
     untraced_answer,
 )
-from tasks.forensics_python import (
+from tasks.judge.forensics_python import (
     CMP_DUNDERS,
     CODE_FROM_DATA,
     EXEC_CALLS,
@@ -58,19 +58,19 @@ from tasks.forensics_python import (
     parse_as_python,
     scan_python,
 )
-from tasks.forensics_shell import (
+from tasks.judge.forensics_shell import (
     scan_shell,
 )
-from tasks.forensics_testrun import (
+from tasks.judge.forensics_testrun import (
     inspect_tests,
     special_cased_values,
 )
-from tasks.forensics_workspace import (
+from tasks.judge.forensics_workspace import (
     inspect_workspace,
 )
+from tasks.judge.unittests import TestRun
 from tasks.spec import Task
 from tasks.tools import TOOLS, WorkspaceSnapshot
-from tasks.unittests import TestRun
 from warehouse.record import Message
 
 __all__ = [

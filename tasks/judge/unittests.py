@@ -4,13 +4,13 @@
 hidden tests on one of two paths, chosen per test, each path in a fresh sandbox of its own (the first closed, every
 process of it killed, before the second is acquired; each path's census refuses to judge beside a process an
 earlier command left):
-- data (tasks/testsplit.py): a test made of asserts over calls with constant arguments is split on the host; the
-  sandbox only evaluates the calls (tasks/judgebox.py's call server, a fork per call after one import) and sends
+- data (tasks/judge/testsplit.py): a test made of asserts over calls with constant arguments is split on the host; the
+  sandbox only evaluates the calls (tasks/judge/judgebox.py's call server, a fork per call after one import) and sends
   each result back in plaindata's strict encoding; the host decodes plain values and evaluates the asserts. The
   expected values never enter the sandbox, so there is nothing in it to forge.
 - isolated: any other test runs in judgebox's runner, a non-dumpable process that never imports the solution and
   reaches it only through proxies to a call server; the tests see the real builtins, the task's own code and, of
-  the solution, only the functions they are meant to call (tasks/testnames.py); its report counts only with the
+  the solution, only the functions they are meant to call (tasks/judge/testnames.py); its report counts only with the
   per-run secret the host gave it and exit status 0. On Docker the runner runs as another uid than the server and
   the solution (RUNNER_USER), so they cannot signal, ptrace or read it; the local backend has one uid (each
   result's `isolation` says which).
@@ -35,7 +35,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandbox.result import Backend, Sandbox, SandboxError
-from tasks import plaindata, testnames, testsplit
+from tasks.judge import plaindata, testnames, testsplit
+from tasks.judge.errors import VerifierUnavailable
 from tasks.spec import Task
 from tasks.tools import (
     ToolArgumentError,
@@ -51,14 +52,6 @@ from warehouse.record import Message
 
 CONFTEST_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", "tox.ini",
                             "setup.cfg", "pyproject.toml"})
-
-
-class VerifierError(Exception):
-    """Base of verifier errors that are not the episode's fault."""
-
-
-class VerifierUnavailable(VerifierError):
-    """The verifier cannot judge now (no sandbox backend, sandbox infrastructure failed): infra_error, retry."""
 
 
 class TestResult(BaseModel):
@@ -279,7 +272,7 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
     req: dict[str, Any] = {"token": token, "secret": secret, "files": files, "module": module, "timeout_s": timeout,
                            "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which],
                            # the tests see the task's own code (the pristine file) and, of the solution, only
-                           # proxies of the functions they are meant to call (tasks/testnames.py)
+                           # proxies of the functions they are meant to call (tasks/judge/testnames.py)
                            "own_source": own,
                            "entry_points": list(entries),
                            "call_names": testnames.call_names([tests[i][1] for i in which], module, entries)}
