@@ -10,6 +10,8 @@ functions alike, since a lazy import is still a dependency) of every module, pac
   `pkg.mod`, not on the package's `__init__`);
 - benchmarks/ and scripts/ may import any package, but only what exists: the module, and each name it imports
   from it (a submodule or a name the module defines at top level);
+- the judge (tasks/judge/) is reached through its public names: nothing outside it imports a private (`_x`) name
+  or module of it (tests/ included);
 - only flows/ imports prefect; only tasks/pyast.py and the in-sandbox programs call ast.parse; the in-sandbox
   programs in a `guest/` folder import the standard library only.
 Run it alone with `pytest tests/test_imports.py -q`; a failure names the offending imports."""
@@ -180,6 +182,19 @@ def test_benchmarks_and_scripts_import_what_exists():
             missing += [f"{_rel(f)}:{line} imports {module}.{n}: not defined there" for n in names
                         if n != "*" and not _module_file(f"{module}.{n}") and n not in _defined(target)]
     assert not missing, "\n".join(missing)
+
+
+def test_nothing_outside_the_judge_imports_its_private_names():
+    private = []
+    for mod, f in _files((*LAYERS, *IMPORTERS, "tests")).items():
+        if mod == JUDGE or mod.startswith(JUDGE + "."):
+            continue
+        for line, module, names in _project_imports(f):
+            if module != JUDGE and not module.startswith(JUDGE + "."):
+                continue
+            parts = module.split(".") + names
+            private += [f"{_rel(f)}:{line} imports {module} {p}" for p in parts if p.startswith("_")]
+    assert not private, "private names of the judge imported from outside it:\n" + "\n".join(private)
 
 
 def _external(prefixes: tuple[str, ...]) -> list[str]:

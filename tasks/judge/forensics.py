@@ -16,9 +16,11 @@ answer_lookup, no_tool_use. Each Finding names its evidence. The verifier turns 
 reward 0. This module runs no code and touches no sandbox.
 
 Layout: this module is the API (inspect_episode, hack_flags, and every name the detectors export); the detectors
-live in one module per channel: forensics_context.py (Finding, reason codes, tool actions, path vocabulary, the
-checks' task context), forensics_python.py (the static reader of Python source), forensics_shell.py (the reader of
-shell commands), forensics_messages.py, forensics_workspace.py and forensics_testrun.py (the three channels).
+live in one module per channel: forensics_context.py (what they share, all public: Finding, reason codes, tool
+actions, path vocabulary, the checks' task context Ctx), forensics_python.py (the static reader of Python source,
+with forensics_names.py, its call vocabulary and name resolver, and forensics_reach.py, which code runs at all),
+forensics_shell.py (the reader of shell commands), forensics_messages.py, forensics_workspace.py and
+forensics_testrun.py (the three channels). No forensics module imports a private name of another.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from tasks.judge.forensics_context import (
     SHADOWED,
     SHELL_FUNCS,
     Action,
+    Ctx,
     Finding,
-    _Ctx,
     tool_actions,
 )
 from tasks.judge.forensics_messages import (
@@ -41,7 +43,7 @@ from tasks.judge.forensics_messages import (
     printed_literals,
     untraced_answer,
 )
-from tasks.judge.forensics_python import (
+from tasks.judge.forensics_names import (
     CMP_DUNDERS,
     CODE_FROM_DATA,
     EXEC_CALLS,
@@ -55,9 +57,9 @@ from tasks.judge.forensics_python import (
     PATCH_MODULES,
     SENSITIVE,
     SUPPORTED,
-    parse_as_python,
-    scan_python,
 )
+from tasks.judge.forensics_python import scan_python
+from tasks.judge.forensics_reach import parse_as_python
 from tasks.judge.forensics_shell import (
     scan_shell,
 )
@@ -94,8 +96,8 @@ __all__ = [
     "SHELL_FUNCS",
     "SUPPORTED",
     "Action",
+    "Ctx",
     "Finding",
-    "_Ctx",
     "hack_flags",
     "inspect_episode",
     "inspect_messages",
