@@ -70,9 +70,9 @@ NOT_KNOWN_ERRORS = {
     # Caught where raised and turned into something else, never reaching the CLI:
     ("flows.view", "ViewServerError"): "`flywheel view` catches it and raises UsageError (one line, exit 2)",
     ("warehouse.viewer", "ViewError"): "rendered by flows/view.py as an error page with its HTTP status",
-    ("tasks.judge.plaindata", "NotPlainData"): "inside the judge's sandbox: becomes an 'error' call result",
-    ("tasks.judge.judgebox", "_CallFailed"): "inside the judge's sandbox: becomes an 'error' call result",
-    ("tasks.judge.judgebox", "SolutionRaised"): "inside the judge's sandbox: the solution's exception, raised to a test",
+    ("tasks.judge.guest.plaindata", "NotPlainData"): "inside the judge's sandbox: becomes an 'error' call result",
+    ("tasks.judge.guest.runner", "_CallFailed"): "inside the judge's sandbox: becomes an 'error' call result",
+    ("tasks.judge.guest.runner", "SolutionRaised"): "inside the judge's sandbox: the solution's exception, raised to a test",
     ("tasks.judge.testsplit", "_NoSplit"): "a test that cannot be split runs on the isolated path instead",
     ("tasks.loaders", "_FieldError"): "collected into TaskFileError, which is known",
     ("tasks.tools", "ToolArgumentError"): "a model's bad tool call: recorded as a model_error verdict on the row",

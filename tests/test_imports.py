@@ -34,8 +34,9 @@ ONLY_FLOWS_IMPORT = ("prefect", "prefect_ray")
 # One line per program (path: what it is); helpers that add in-sandbox programs add their lines here.
 IN_SANDBOX = {
     "tasks/testrunner.py": "the run_tests harness",
-    "tasks/judge/judgebox.py": "the judge's call server and isolated runner",
-    "tasks/judge/plaindata.py": "the judge's plain-data encoding (host and sandbox)",
+    "tasks/judge/guest/plaindata.py": "the judge's plain-data encoding (also imported on the host)",
+    "tasks/judge/guest/callserver.py": "the judge's call server",
+    "tasks/judge/guest/runner.py": "the judge's isolated runner",
     "sandbox/interpreter.py": "the warm interpreter",
 }
 

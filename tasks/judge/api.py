@@ -7,8 +7,8 @@
 - extract_answer, numbers_match, ANSWER_RE (answers.py: the final answer in assistant text);
 - inspect_episode, hack_flags, Finding, REASON_CODES, FORENSICS_VERSION (forensics.py: reward-hack evidence).
 Inside the package: unittests.py (the data and isolated paths in fresh sandboxes), testsplit.py and testnames.py
-(what a test sends into the sandbox), plaindata.py and judgebox.py (the programs that run INSIDE the judge's
-sandbox), constfold.py and provenance.py (static reading for forensics), the forensics_*.py channels (they share
+(what a test sends into the sandbox), guest/ (plaindata.py, callserver.py, runner.py: the programs that run INSIDE
+the judge's sandbox, shipped as source), constfold.py and provenance.py (static reading for forensics), the forensics_*.py channels (they share
 through forensics_context.py's public names). Nothing outside the package imports a private name of it
 (tests/test_imports.py). This module only names the surface; it runs nothing.
 """

@@ -136,7 +136,7 @@ class FaultInjectingBackend:
 def _answer(req, *, token=None, drop=0, dup=False, values=None, status="ok", ready=True) -> ExecResult:
     """The call server's replies as an honest one would send them (the reference solution computes each call),
     then bent by the arguments: another token, calls dropped or answered twice, other values, another status."""
-    from tasks.judge import plaindata
+    from tasks.judge.guest import plaindata
 
     ns: dict = {}
     exec(req["files"]["solution.py"], ns)  # noqa: S102 - the task's own reference solution
