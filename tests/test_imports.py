@@ -33,7 +33,9 @@ ONLY_FLOWS_IMPORT = ("prefect", "prefect_ray")
 # Programs that run INSIDE a sandbox (one thread, standard library only), where tasks/pyast.py is not at hand.
 # One line per program (path: what it is); helpers that add in-sandbox programs add their lines here.
 IN_SANDBOX = {
-    "tasks/testrunner.py": "the run_tests harness",
+    "tasks/guest/testrunner.py": "the run_tests harness",
+    "tasks/guest/testworker.py": "the run_tests harness's worker",
+    "tasks/guest/snapshot.py": "the workspace snapshot",
     "tasks/judge/guest/plaindata.py": "the judge's plain-data encoding (also imported on the host)",
     "tasks/judge/guest/callserver.py": "the judge's call server",
     "tasks/judge/guest/runner.py": "the judge's isolated runner",

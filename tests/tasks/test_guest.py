@@ -1,7 +1,8 @@
-"""The judge's in-sandbox programs (tasks/judge/guest/) run with this machine's python3, outside any sandbox: each
-role's program compiles, the call server answers a batch of calls in plaindata's encoding (and skips a test's calls
-after its first failed one), and plaindata round-trips what it encodes. The sandboxed runs are test_judgebox.py's
-and test_judge_third_pass.py's."""
+"""The in-sandbox programs run with this machine's python3, outside any sandbox. The judge's (tasks/judge/guest/):
+each role's program compiles, the call server answers a batch of calls in plaindata's encoding (and skips a test's
+calls after its first failed one), and plaindata round-trips what it encodes (the sandboxed runs are
+test_judgebox.py's and test_judge_third_pass.py's). The tools' (tasks/guest/): the workspace snapshot reads a
+folder (the run_tests harness and its worker: test_testrunner.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from tasks.judge.guest import plaindata
 from tasks.judge.unittests import guest_program
+from tasks.tools import snapshot_source
 
 
 @pytest.mark.parametrize("role", ["serve", "launch", "runner"])
@@ -62,3 +64,22 @@ def test_the_call_server_answers_a_batch_on_the_host():
 def test_plaindata_round_trips(value):
     back = plaindata.decode(json.loads(json.dumps(plaindata.encode(value))))
     assert type(back) is type(value) and plaindata.equal(back, value)
+
+
+def test_the_workspace_snapshot_reads_a_folder_on_the_host(tmp_path):
+    (tmp_path / "solution.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "big.txt").write_text("x" * 50)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "data.bin").write_bytes(b"\xff\xfe")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "skip.pyc").write_bytes(b"0")
+    (tmp_path / "link").symlink_to("solution.py")
+    p = subprocess.run([sys.executable, "-I", "-c", snapshot_source(), "10", "1000"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, check=False)
+    line = [x for x in p.stdout.splitlines() if x.startswith("__FLYWHEEL_SNAPSHOT__ ")]
+    snap = json.loads(line[0].split(" ", 1)[1])
+    assert sorted(snap) == ["big.txt", "link", "pkg/data.bin", "solution.py"]
+    assert snap["solution.py"]["text"].startswith("def f()") and snap["solution.py"]["size"] == 22
+    assert "text" not in snap["big.txt"] and snap["big.txt"]["size"] == 50  # over the 10-byte limit
+    assert "text" not in snap["pkg/data.bin"]  # not UTF-8
+    assert snap["link"] == {"symlink": "solution.py"}
