@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tasks.judge.errors import VerifierUnavailable
 from tasks.judge.llm import JudgeConfig
-from tasks.judge.unittests import VerifierUnavailable
 from tasks.judge.verify import verify
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from warehouse.record import Message

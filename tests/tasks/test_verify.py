@@ -11,8 +11,8 @@ import pytest
 from sandbox.result import ExecResult, SandboxError
 from tasks.code import generate as code_tasks
 from tasks.judge.answers import extract_answer
+from tasks.judge.errors import VerifierUnavailable
 from tasks.judge.rewards import RewardConfig
-from tasks.judge.unittests import VerifierUnavailable
 from tasks.judge.verify import verify
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from tasks.tools import pristine_snapshot
