@@ -1,7 +1,7 @@
 """Verifier health: per task, the oracle, a null agent, mutants of the oracle and K re-grades, as rows.
 
 `audit_task(task, backend, k=...)` runs, through the real episode loop (agents/loop.py) and the real judge
-(tasks/verify.py):
+(tasks/judge/verify.py):
 - the oracle: the reference teacher (agents/reference.py, no noise) -- its episode must pass;
 - the null agent (`NullPolicy`): one final message, no tool call, nothing written -- it must fail;
 - mutants of the oracle's code where the task has code (unit-test tasks whose reference writes
@@ -31,9 +31,8 @@ from agents.policy import PolicyReply
 from agents.reference import ReferencePolicy
 from sandbox.result import Backend
 from tasks.humaneval import episode_messages, mutants
+from tasks.judge.api import VERIFIER_VERSIONS, VerifierUnavailable, verify
 from tasks.spec import Task
-from tasks.unittests import VerifierUnavailable
-from tasks.verify import VERIFIER_VERSIONS, verify
 from warehouse.record import Message, Source
 
 

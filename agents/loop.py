@@ -47,10 +47,9 @@ from typing import Any
 import tasks.tools as task_tools
 from agents.policy import EndpointError, ModelError, Policy
 from sandbox.result import Backend, Sandbox, SandboxError
-from tasks.answers import extract_answer
+from tasks.judge.api import Outcome, extract_answer, verify
 from tasks.spec import Task
 from tasks.tools import ToolArgumentError, observation, parse_arguments, run_tool, tool_schemas
-from tasks.verify import Outcome, verify
 from warehouse import chat
 from warehouse.record import Message, ToolCall, Trajectory, trajectory_id
 
@@ -207,7 +206,7 @@ async def run_episode(
 
     max_turns counts assistant messages; exceeding it gives verdict "timeout", error_class "MaxTurns".
     tool_timeout_s overrides the sandbox config's per-call wall-clock limit when given. verify_kwargs go to
-    tasks.verify.verify (e.g. rewards=RewardConfig(...), judge_config=JudgeConfig(...)). executor runs the blocking
+    tasks.judge.verify.verify (e.g. rewards=RewardConfig(...), judge_config=JudgeConfig(...)). executor runs the blocking
     sandbox and verifier calls (default: the loop's default executor).
     Never raises for the episode's own failures (see the module docstring); cancellation propagates.
     """

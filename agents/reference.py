@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.policy import PolicyReply
-from tasks.answers import ANSWER_RE
+from tasks.judge.api import ANSWER_RE
 from tasks.spec import Task
 from warehouse.record import FunctionCall, Message, Source, ToolCall
 

@@ -9,7 +9,7 @@ evidence the file lacks: token ids, logprobs, tool timings). A record is an obje
   tools            OpenAI function schemas, a JSON string of them, or tool names known to tasks.tools
                    (optional when the importer is given default tools)
   task_id, suite, difficulty, split, author      optional provenance
-  expected_answer  optional: when present the demo is judged as an episode is (tasks.verify.verify: the numeric
+  expected_answer  optional: when present the demo is judged as an episode is (tasks.judge.verify.verify: the numeric
                    verifier on its final 'Answer: N', then forensics), so verdict pass, fail or hack;
                    without it the demo is accepted unchecked (verifier_details_json says so) unless forensics
                    flag it (verdict hack)
@@ -34,11 +34,9 @@ from typing import Any
 
 from curate.dedup import normalised
 from curate.filters import conversation_problems, tool_names
-from tasks.answers import extract_answer
-from tasks.forensics import hack_flags, inspect_episode
+from tasks.judge.api import extract_answer, hack_flags, inspect_episode, verify
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from tasks.tools import TOOLS
-from tasks.verify import verify
 from warehouse.record import Message, Trajectory
 
 HUMAN_VERIFIER = "human"

@@ -36,7 +36,7 @@ KNOWN_ERRORS = (
     ("flows.config", "ConfigError"), ("flows.runners", "RunnerError"), ("flows.serve", "ServeError"),
     ("agents.policy", "PolicyError"), ("sandbox.result", "SandboxError"), ("tasks.suites", "UnknownSuiteError"),
     ("tasks.suites", "SuiteSizeError"),
-    ("tasks.loaders", "TaskFileError"), ("tasks.unittests", "VerifierUnavailable"), ("warehouse.lakefs", "LakeError"),
+    ("tasks.loaders", "TaskFileError"), ("tasks.judge.errors", "VerifierUnavailable"), ("warehouse.lakefs", "LakeError"),
     ("tasks.harbor", "HarborTaskError"), ("tasks.bfcl", "BfclError"), ("tasks.humaneval", "HumanEvalMissing"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),

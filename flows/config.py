@@ -25,8 +25,7 @@ from agents.reference import ReferenceNoise
 from curate.config import CurateConfig, CurriculumConfig
 from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
-from tasks.judge import JudgeConfig
-from tasks.rewards import RewardConfig
+from tasks.judge.api import JudgeConfig, RewardConfig
 from training.config import DiagnosticsThresholds, GRPOConfig, MismatchThresholds, SFTConfig, StudentConfig
 
 

@@ -243,7 +243,7 @@ class DockerSandbox:
         task environment's own, sandbox/taskenv.py), with the call's limits.
 
         `user` (Docker only, "UID:GID", both non-zero) runs it as another unprivileged user instead: the judge's
-        isolated runner (tasks/unittests.py) uses it so the solution, as nobody, cannot reach it. The container's
+        isolated runner (tasks/judge/unittests.py) uses it so the solution, as nobody, cannot reach it. The container's
         limits stay as they are: no capability, no-new-privileges, whatever the uid.
         """
         if not argv:

@@ -43,7 +43,7 @@ def main() -> int:
     from curate.demos import record_to_row
     from flows.config import load_config
     from flows.rollouts import heldout_tasks, schedule_train_tasks
-    from tasks.verify import verify
+    from tasks.judge.api import verify
     from warehouse.query import query, read_trajectories
 
     runs = [r["run_id"] for r in query(args.root, "SELECT DISTINCT run_id FROM datasets ORDER BY 1").to_pylist()]
@@ -115,8 +115,7 @@ def rejudge_all(root: str, run_id: str | None) -> int:
     from curate.demos import record_to_row
     from flows.config import load_config
     from flows.rollouts import heldout_tasks, schedule_train_tasks
-    from tasks.rewards import RewardConfig
-    from tasks.verify import verify
+    from tasks.judge.api import RewardConfig, verify
     from warehouse.query import iter_trajectories, query
     from warehouse.record import from_dict
 

@@ -479,7 +479,7 @@ def model_turns(task: Task, messages: list[Message]) -> list[list[str]]:
 def verify_bfcl(task: Task, messages: list[Message], backend: Backend | None) -> tuple[bool, dict[str, Any]]:
     """BFCL's checker on the episode's calls, in a fresh sandbox of `backend` (check_in_sandbox): it runs them
     again on fresh instances beside the ground truth and compares, per turn, the state and the results."""
-    from tasks.unittests import VerifierUnavailable
+    from tasks.judge.errors import VerifierUnavailable
 
     if backend is None:
         raise VerifierUnavailable(f"task {task.id} is judged by BFCL's checker in a sandbox; pass backend=")

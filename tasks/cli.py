@@ -20,12 +20,11 @@ from typing import Any, TextIO
 from pydantic import BaseModel, Field, ValidationError
 
 from sandbox.result import Backend, SandboxError
+from tasks.judge.api import VerifierUnavailable, verify
 from tasks.loaders import ValidationReport, load_tasks, validate_file, write_tasks
 from tasks.spec import Task
 from tasks.suites import SuiteInfo, list_suites, load_suite
 from tasks.tools import WorkspaceSnapshot
-from tasks.unittests import VerifierUnavailable
-from tasks.verify import verify
 from warehouse.record import Message
 
 

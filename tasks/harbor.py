@@ -49,8 +49,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sandbox.result import Backend, SandboxConfig, SandboxError, SandboxUnavailable
+from tasks.judge.errors import VerifierUnavailable
 from tasks.spec import ReferenceSolution, Task, ToolCallStep, VerifierSpec
-from tasks.unittests import VerifierUnavailable
 from warehouse.record import Message
 
 # 2: test.sh's Python never imports from its working folder (PYTHONSAFEPATH, /tests on the path), and reward.json

@@ -1,7 +1,7 @@
 """Tools a task can expose to a policy: their JSON schemas (OpenAI function format) and how a call runs.
 
 Tools: `python` (run code; the sandbox may keep interpreter state across calls), `write_file`, `read_file`,
-`run_tests` (the workspace's visible tests through tasks/testrunner.py) and `shell`; a task may add tools of its
+`run_tests` (the workspace's visible tests through tasks/guest/testrunner.py) and `shell`; a task may add tools of its
 own (Task.tool_specs: their schemas are read here, their calls run by the task's module, e.g. tasks/bfcl.py). Every
 call runs inside the episode's sandbox through the `Sandbox` protocol (exec, run_python, write_files); its
 observation is the text handed back to the model. Also here: `prepare_workspace` (the loop calls it once before
@@ -59,10 +59,22 @@ class ToolArgumentError(ValueError):
     """The model called a tool with a name or arguments that cannot run (a model_error, not a crash)."""
 
 
+GUEST = Path(__file__).with_name("guest")  # the in-sandbox programs of the tools, shipped as source
+
+
 @cache
 def runner_source() -> str:
-    """Source of tasks/testrunner.py, sent to the sandbox as `python3 -I -c SOURCE`."""
-    return (Path(__file__).with_name("testrunner.py")).read_text()
+    """The `run_tests` harness sent to the sandbox as `python3 -I -c SOURCE`: tasks/guest/testrunner.py, with the
+    source of its worker (tasks/guest/testworker.py) bound to WORKER ahead of it."""
+    worker = (GUEST / "testworker.py").read_text()
+    return f"WORKER = {worker!r}\n" + (GUEST / "testrunner.py").read_text()
+
+
+@cache
+def snapshot_source() -> str:
+    """The workspace snapshot program (tasks/guest/snapshot.py), sent as `python3 -I -c SOURCE TEXT_LIMIT
+    SOURCE_LIMIT`."""
+    return (GUEST / "snapshot.py").read_text()
 
 
 def _known(specs: list[dict[str, Any]] | tuple = ()) -> dict[str, dict[str, Any]]:
@@ -210,34 +222,6 @@ class WorkspaceSnapshot(BaseModel):
     error: str | None = None
 
 
-_SNAPSHOT = r'''
-import hashlib, json, os, sys
-limit, source_limit = int(sys.argv[1]), int(sys.argv[2]); out = {}; n = 0
-for root, dirs, files in os.walk(".", followlinks=False):
-    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-    for fn in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-        p = os.path.join(root, fn); rel = os.path.relpath(p, ".")
-        n += 1
-        if n > 2000:
-            break
-        if os.path.islink(p):
-            out[rel] = {"symlink": os.readlink(p)}; continue
-        try:
-            with open(p, "rb") as f:
-                b = f.read(8 * 1024 * 1024)
-        except OSError as e:
-            out[rel] = {"sha256": None, "size": 0}; continue
-        st = {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)}
-        if len(b) <= (source_limit if fn.endswith(".py") else limit):
-            try:
-                st["text"] = b.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-        out[rel] = st
-print("__FLYWHEEL_SNAPSHOT__ " + json.dumps(out))
-'''
-
-
 def prepare_workspace(sandbox: Sandbox, files: dict[str, str]) -> None:
     """Place a task's starting files (Task.files) in the sandbox's workspace. The loop calls it before turn one."""
     if files:
@@ -248,11 +232,11 @@ def workspace_snapshot(sandbox: Sandbox) -> WorkspaceSnapshot:
     """Hash (and keep small texts of) every file in the workspace, symlinks not followed.
 
     The episode loop calls this after the last turn and before closing the sandbox, and hands it to
-    `tasks.verify.verify(..., workspace=...)`. A sandbox failure yields a snapshot with `error` set (verification
+    `tasks.judge.verify.verify(..., workspace=...)`. A sandbox failure yields a snapshot with `error` set (verification
     then fails closed) rather than an exception.
     """
     try:
-        res = sandbox.exec(["python3", "-I", "-c", _SNAPSHOT, str(SNAPSHOT_TEXT_LIMIT), str(SOURCE_TEXT_LIMIT)],
+        res = sandbox.exec(["python3", "-I", "-c", snapshot_source(), str(SNAPSHOT_TEXT_LIMIT), str(SOURCE_TEXT_LIMIT)],
                            timeout_s=30.0)
     except SandboxError as e:
         return WorkspaceSnapshot(error=f"snapshot failed: {type(e).__name__}: {e}")

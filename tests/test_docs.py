@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,10 +70,10 @@ NOT_KNOWN_ERRORS = {
     # Caught where raised and turned into something else, never reaching the CLI:
     ("flows.view", "ViewServerError"): "`flywheel view` catches it and raises UsageError (one line, exit 2)",
     ("warehouse.viewer", "ViewError"): "rendered by flows/view.py as an error page with its HTTP status",
-    ("tasks.plaindata", "NotPlainData"): "inside the judge's sandbox: becomes an 'error' call result",
-    ("tasks.judgebox", "_CallFailed"): "inside the judge's sandbox: becomes an 'error' call result",
-    ("tasks.judgebox", "SolutionRaised"): "inside the judge's sandbox: the solution's exception, raised to a test",
-    ("tasks.testsplit", "_NoSplit"): "a test that cannot be split runs on the isolated path instead",
+    ("tasks.judge.guest.plaindata", "NotPlainData"): "inside the judge's sandbox: becomes an 'error' call result",
+    ("tasks.judge.guest.runner", "_CallFailed"): "inside the judge's sandbox: becomes an 'error' call result",
+    ("tasks.judge.guest.runner", "SolutionRaised"): "inside the judge's sandbox: the solution's exception, raised to a test",
+    ("tasks.judge.testsplit", "_NoSplit"): "a test that cannot be split runs on the isolated path instead",
     ("tasks.loaders", "_FieldError"): "collected into TaskFileError, which is known",
     ("tasks.tools", "ToolArgumentError"): "a model's bad tool call: recorded as a model_error verdict on the row",
     ("agents.loop", "MalformedToolCall"): "a model's unreadable tool call: recorded as a model_error verdict on the row",
@@ -82,7 +81,7 @@ NOT_KNOWN_ERRORS = {
     ("sandbox.guest.kernel", "CallTimeout"): "inside the sandbox interpreter: a call's timeout verdict",
     ("sandbox.interpreter", "InterpreterError"): "the backends turn it into an infra_error verdict on the row",
     # Raised only when the code itself is wrong (input was validated before): a traceback is the right report.
-    ("tasks.unittests", "VerifierError"): "a verifier kind the spec's Literal forbids reached verify()",
+    ("tasks.judge.errors", "VerifierError"): "a verifier kind the spec's Literal forbids reached verify()",
     ("training.warmup", "WarmupError"): "argument checks; the config fields are validated first (ge=0)",
     ("training.environment", "EnvironmentError_"): "TRL and tasks.tools disagree on a tool schema: a bug",
 }

@@ -17,7 +17,7 @@ calls them when the model emits tool calls. Here:
 - `EpisodeReward` is the reward function: it rebuilds the episode's messages (system + user + completion turns,
   `completion_messages`, through warehouse.chat.from_chat), judges them as the loop does: the first model error
   (`agents.loop.episode_model_error`: an empty turn, a malformed call, an unknown tool, arguments that do not
-  decode) is a `model_error` scoring 0; otherwise tasks.verify.verify (outcome, forensics, reward terms). Then it
+  decode) is a `model_error` scoring 0; otherwise tasks.judge.verify.verify (outcome, forensics, reward terms). Then it
   closes the sandbox. A hack scores 0 whatever else it did; an infrastructure failure scores None (TRL leaves it
   out) and is counted, never 0.
   With `strengths` set (GRPOConfig.reward_strengths), a verdict reached on another path (an `isolated` test run
@@ -233,7 +233,7 @@ class ScoredEpisode:
     messages: list[Message]
     verdict: str
     reward: float | None = None  # what TRL got: None = left out (infra, untrusted strength)
-    outcome: Any = None  # tasks.verify.Outcome when the verifier ran
+    outcome: Any = None  # tasks.judge.verify.Outcome when the verifier ran
     error_class: str | None = None
     error_message: str | None = None
     sandbox_backend: str | None = None
@@ -284,7 +284,7 @@ class EpisodeReward:
 
     def _score(self, env: Any, msgs: list[Message]) -> ScoredEpisode:
         """Judge one rebuilt episode (the sandbox is still open: a code task's workspace is read from it)."""
-        from tasks.verify import verify
+        from tasks.judge.api import verify
 
         self.stats["episodes"] += 1
         task: Task = env.task

@@ -160,7 +160,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
                progress: bool = True, episode_log: EpisodeLog | None = None) -> GRPOResult:
     """Improve `model_path` with GRPO on `tasks` (train split), tool calls in sandboxes of `backend`.
 
-    Saves the new student to `out_dir`. `rewards` is an optional tasks.rewards.RewardConfig (process terms).
+    Saves the new student to `out_dir`. `rewards` is an optional tasks.judge.rewards.RewardConfig (process terms).
     With `episode_log`, every generation GRPO scores is written to the lake as it is scored (stage grpo).
     Seeded: the same inputs and config give the same loss sequence on the same machine (CPU path).
     """

@@ -29,8 +29,7 @@ from warehouse.score import SuiteScore, score_by_suite, scored
 
 if TYPE_CHECKING:
     from agents.transformers_policy import TransformersPolicy
-    from tasks.judge import JudgeConfig
-    from tasks.rewards import RewardConfig
+    from tasks.judge.api import JudgeConfig, RewardConfig
 
 EpisodeRunner = Callable[[list[Task], Any, int], list[Trajectory]]
 """Runs every task `samples` times with a policy and returns the rows: `run(tasks, policy, samples)`."""

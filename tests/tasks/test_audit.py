@@ -22,7 +22,7 @@ from curate.curriculum import plan_curriculum
 from curate.health import UNHEALTHY_VERIFIER, unhealthy_reason
 from curate.stage import SELECTED, curate
 from tasks import arithmetic
-from tasks.verify import UNIT_TESTS_VERIFIER_VERSION
+from tasks.judge.verify import UNIT_TESTS_VERIFIER_VERSION
 from tests.conftest import FLYWHEEL, ROOT
 from tests.curate.test_curate import row
 from warehouse.lake import write_rows, write_trajectories

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from tasks.constfold import HOLE, UNKNOWN, Folder, Hole
+from tasks.judge.constfold import HOLE, UNKNOWN, Folder, Hole
 
 
 def fold(src: str, files: dict[str, str] | None = None):

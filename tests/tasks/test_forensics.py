@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.forensics import REASON_CODES, _Ctx, hack_flags, inspect_episode, scan_shell, special_cased_values
+from tasks.judge.forensics import REASON_CODES, Ctx, hack_flags, inspect_episode, scan_shell, special_cased_values
+from tasks.judge.unittests import TestResult, TestRun
+from tasks.judge.verify import verify
 from tasks.spec import Task
 from tasks.tools import FileState, WorkspaceSnapshot, pristine_snapshot
-from tasks.unittests import TestResult, TestRun
-from tasks.verify import verify
 from warehouse.record import Message
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -167,7 +167,7 @@ def test_tests_channel_runtime_events():
     ("grep -n assert test_visible.py > /tmp/asserts.txt", []),
 ])
 def test_shell_commands(cmd, codes):
-    got = sorted({c for c, _ in scan_shell(cmd, _Ctx(_code_task()))})
+    got = sorted({c for c, _ in scan_shell(cmd, Ctx(_code_task()))})
     assert got == codes
 
 

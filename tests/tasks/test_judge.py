@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tasks.judge import JudgeConfig
+from tasks.judge.errors import VerifierUnavailable
+from tasks.judge.llm import JudgeConfig
+from tasks.judge.verify import verify
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
-from tasks.unittests import VerifierUnavailable
-from tasks.verify import verify
 from warehouse.record import Message
 
 

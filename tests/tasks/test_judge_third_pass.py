@@ -22,13 +22,13 @@ import pytest
 
 from sandbox.backend import open_backend
 from sandbox.result import SandboxConfig
-from tasks import unittests
 from tasks.humaneval import episode_messages, humaneval_path, read_problems
+from tasks.judge import unittests
+from tasks.judge.unittests import run_unit_tests
+from tasks.judge.verify import verify
 from tasks.loaders import load_tasks
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from tasks.tools import prepare_workspace, pristine_snapshot, workspace_snapshot
-from tasks.unittests import run_unit_tests
-from tasks.verify import verify
 from warehouse.record import FunctionCall, Message, ToolCall
 
 

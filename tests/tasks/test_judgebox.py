@@ -8,9 +8,9 @@ import pytest
 
 from sandbox.backend import open_backend
 from sandbox.result import SandboxConfig
+from tasks.judge.testsplit import plan
+from tasks.judge.unittests import run_unit_tests
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
-from tasks.testsplit import plan
-from tasks.unittests import run_unit_tests
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -205,7 +205,7 @@ def test_the_runner_is_out_of_the_solutions_reach(backend):
 def test_without_the_uid_split_the_probe_reaches_the_runner(monkeypatch):
     """The check above can fail: with the runner on the solution's uid (the split removed), the same probe
     stops and kills it, and nothing passes."""
-    from tasks import unittests
+    from tasks.judge import unittests
 
     monkeypatch.setattr(unittests, "RUNNER_USER", "65534:65534")
     be = open_backend(SandboxConfig(backend="docker"))

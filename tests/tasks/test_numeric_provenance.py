@@ -1,7 +1,7 @@
 """Issue 30, class 3: "the tool produced the answer" follows the data. Every case runs its code in a real sandbox on
-both backends (the tool outputs are what the interpreter printed), and the episode is judged by tasks.verify.verify.
+both backends (the tool outputs are what the interpreter printed), and the episode is judged by tasks.judge.verify.verify.
 
-Hacks (each passed before tasks/provenance.py: the answer showed in a tool output that the call had not printed
+Hacks (each passed before tasks/judge/provenance.py: the answer showed in a tool output that the call had not printed
 as a bare literal): a printed range around the answer, two literals that sum to it, the answer in an exception
 message, an echoed int('636') / float('636') / str(636), an f-string of a literal expression, eval('6' + '36'),
 eval('600+36'), a literal bound to names, a literal behind a conditional on a quantity, a constant in disguise
@@ -28,9 +28,9 @@ import pytest
 from sandbox.backend import open_backend
 from sandbox.result import SandboxConfig
 from tasks import arithmetic, mathword
+from tasks.judge.verify import verify
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from tasks.tools import observation, run_tool
-from tasks.verify import verify
 from tests.conftest import FLYWHEEL, ROOT
 from warehouse.record import FunctionCall, Message, ToolCall
 

@@ -15,11 +15,11 @@ import pytest
 from sandbox.backend import open_backend
 from sandbox.result import SandboxConfig
 from tasks.cli import verify_trajectories
+from tasks.judge.verify import verify
 from tasks.loaders import load_tasks
 from tasks.spec import Task, conversation
 from tasks.suites import load_suite
 from tasks.tools import observation, parse_arguments, prepare_workspace, run_tool, workspace_snapshot
-from tasks.verify import verify
 from warehouse.record import FunctionCall, Message, ToolCall
 
 CORPUS = Path(__file__).parent / "corpus"

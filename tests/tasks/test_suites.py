@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from tasks.judge.verify import verify
 from tasks.spec import Task, conversation
 from tasks.suites import UnknownSuiteError, list_suites, load_suite
-from tasks.verify import verify
 from warehouse.record import FunctionCall, Message, ToolCall
 
 SUITES = ["arithmetic", "code", "mathword"]

@@ -1,5 +1,5 @@
-"""The `run_tests` tool's harness (tasks/testrunner.py) run directly with this machine's python3 over a workspace
-folder: each hostile solution must come back as a non-pass with the right runtime event, and a pass must need a
+"""The `run_tests` tool's harness (tasks/guest/testrunner.py, with its worker tasks/guest/testworker.py) run
+directly with this machine's python3 over a workspace folder: each hostile solution must come back as a non-pass with the right runtime event, and a pass must need a
 real report. (Its isolation comes from the sandbox; here only its bookkeeping is under test. Verdicts never come
 from this harness: see test_judgebox.py.)"""
 

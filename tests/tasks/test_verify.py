@@ -9,19 +9,19 @@ import json
 import pytest
 
 from sandbox.result import ExecResult, SandboxError
-from tasks.answers import extract_answer
 from tasks.code import generate as code_tasks
-from tasks.rewards import RewardConfig
+from tasks.judge.answers import extract_answer
+from tasks.judge.errors import VerifierUnavailable
+from tasks.judge.rewards import RewardConfig
+from tasks.judge.verify import verify
 from tasks.spec import ReferenceSolution, Task, VerifierSpec
 from tasks.tools import pristine_snapshot
-from tasks.unittests import VerifierUnavailable
-from tasks.verify import verify
 from warehouse.record import FunctionCall, Message, ToolCall
 
 
 def numeric_task(answer: str = "42", tol: float = 1e-6, tool: str | None = "python",
                  prompt: str = "What is 40 + 2?") -> Task:
-    """A numeric task; its prompt gives the quantities an honest tool call computes with (tasks/provenance.py)."""
+    """A numeric task; its prompt gives the quantities an honest tool call computes with (tasks/judge/provenance.py)."""
     return Task(id="t", suite="s", version="1", split="train", prompt=prompt,
                 verifier=VerifierSpec(answer=answer, tolerance=tol, requires_tool=tool),
                 reference=ReferenceSolution(final=f"Answer: {answer}"))
@@ -136,7 +136,7 @@ class FaultInjectingBackend:
 def _answer(req, *, token=None, drop=0, dup=False, values=None, status="ok", ready=True) -> ExecResult:
     """The call server's replies as an honest one would send them (the reference solution computes each call),
     then bent by the arguments: another token, calls dropped or answered twice, other values, another status."""
-    from tasks import plaindata
+    from tasks.judge.guest import plaindata
 
     ns: dict = {}
     exec(req["files"]["solution.py"], ns)  # noqa: S102 - the task's own reference solution

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tasks import arithmetic
-from tasks.rewards import RewardConfig
+from tasks.judge.api import RewardConfig
 from tests.conftest import FLYWHEEL
 from training.config import GRPOConfig, SFTConfig
 from training.grpo import EpisodeLog, check_gpu_path, task_rows, train_grpo

@@ -8,9 +8,9 @@ import ast
 from typing import Any
 
 from tasks import pyast
-from tasks.forensics_context import Finding
+from tasks.judge.forensics_context import Finding
+from tasks.judge.unittests import TestRun, is_test_path
 from tasks.spec import Task
-from tasks.unittests import TestRun, is_test_path
 
 
 def _literal_values(node: ast.AST) -> list[Any]:

@@ -4,13 +4,13 @@
 hidden tests on one of two paths, chosen per test, each path in a fresh sandbox of its own (the first closed, every
 process of it killed, before the second is acquired; each path's census refuses to judge beside a process an
 earlier command left):
-- data (tasks/testsplit.py): a test made of asserts over calls with constant arguments is split on the host; the
-  sandbox only evaluates the calls (tasks/judgebox.py's call server, a fork per call after one import) and sends
+- data (tasks/judge/testsplit.py): a test made of asserts over calls with constant arguments is split on the host; the
+  sandbox only evaluates the calls (tasks/judge/guest/callserver.py, a fork per call after one import) and sends
   each result back in plaindata's strict encoding; the host decodes plain values and evaluates the asserts. The
   expected values never enter the sandbox, so there is nothing in it to forge.
-- isolated: any other test runs in judgebox's runner, a non-dumpable process that never imports the solution and
+- isolated: any other test runs in the judge's runner (tasks/judge/guest/runner.py), a non-dumpable process that never imports the solution and
   reaches it only through proxies to a call server; the tests see the real builtins, the task's own code and, of
-  the solution, only the functions they are meant to call (tasks/testnames.py); its report counts only with the
+  the solution, only the functions they are meant to call (tasks/judge/testnames.py); its report counts only with the
   per-run secret the host gave it and exit status 0. On Docker the runner runs as another uid than the server and
   the solution (RUNNER_USER), so they cannot signal, ptrace or read it; the local backend has one uid (each
   result's `isolation` says which).
@@ -35,7 +35,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandbox.result import Backend, Sandbox, SandboxError
-from tasks import plaindata, testnames, testsplit
+from tasks.judge import testnames, testsplit
+from tasks.judge.guest import plaindata
+from tasks.judge.errors import VerifierUnavailable
 from tasks.spec import Task
 from tasks.tools import (
     ToolArgumentError,
@@ -51,14 +53,6 @@ from warehouse.record import Message
 
 CONFTEST_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", "tox.ini",
                             "setup.cfg", "pyproject.toml"})
-
-
-class VerifierError(Exception):
-    """Base of verifier errors that are not the episode's fault."""
-
-
-class VerifierUnavailable(VerifierError):
-    """The verifier cannot judge now (no sandbox backend, sandbox infrastructure failed): infra_error, retry."""
 
 
 class TestResult(BaseModel):
@@ -130,14 +124,13 @@ def _module_name(solution_path: str) -> str:
 
 
 @cache
-def _source(role: str) -> str:
-    """plaindata + judgebox as one program that starts `role` (serve, launch or runner); the call server's roles
-    leave out the runner's part of judgebox (the sandbox compiles this program on every verdict)."""
-    here = Path(__file__).parent
-    box = (here / "judgebox.py").read_text()
-    if role != "runner":
-        box = box[:box.index("\n# ---- the isolated runner")]
-    return "\n".join([(here / "plaindata.py").read_text(), box, f"{role}()\n"])
+def guest_program(role: str) -> str:
+    """The judge's in-sandbox program that starts `role` (serve, launch or runner), as one source for `python3 -I -c`:
+    tasks/judge/guest/plaindata.py, callserver.py and, for the runner, runner.py (the sandbox compiles it on every
+    verdict, so the call server's roles leave the runner out)."""
+    guest = Path(__file__).parent / "guest"
+    parts = ["plaindata.py", "callserver.py"] + (["runner.py"] if role == "runner" else [])
+    return "\n".join([*((guest / p).read_text() for p in parts), f"{role}()\n"])
 
 
 JUDGE_MARKER = "__FLYWHEEL_JUDGE__"
@@ -167,7 +160,7 @@ def _replies(stdout: str, token: str) -> list[dict[str, Any]]:
 def _exec(sandbox: Sandbox, role: str, request: dict[str, Any], budget: float, user: str | None = None):
     extra = {"user": user} if user is not None else {}
     try:
-        res = sandbox.exec(["python3", "-I", "-c", _source(role)], stdin=(json.dumps(request) + "\n").encode(),
+        res = sandbox.exec(["python3", "-I", "-c", guest_program(role)], stdin=(json.dumps(request) + "\n").encode(),
                            timeout_s=budget, **extra)
     except SandboxError as e:
         raise VerifierUnavailable(f"the test sandbox failed: {type(e).__name__}: {e}") from e
@@ -269,7 +262,7 @@ def _evaluate(r: TestResult, pl: testsplit.Plan, results: dict[int, Any], tolera
 
 def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: list[int],
                    tests: list[tuple[str, str, bool]]) -> dict[int, TestResult]:
-    """Tests that do not split: judgebox's runner, apart from the solution, reports with the run's secret."""
+    """Tests that do not split: the judge's runner (guest/runner.py), apart from the solution, reports with the run's secret."""
     token, secret = secrets.token_hex(16), secrets.token_hex(32)
     timeout = task.verifier.timeout_s
     budget = len(which) * (4 * timeout + 5.0) + 15.0
@@ -279,7 +272,7 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
     req: dict[str, Any] = {"token": token, "secret": secret, "files": files, "module": module, "timeout_s": timeout,
                            "tests": [{"name": tests[i][0], "code": tests[i][1]} for i in which],
                            # the tests see the task's own code (the pristine file) and, of the solution, only
-                           # proxies of the functions they are meant to call (tasks/testnames.py)
+                           # proxies of the functions they are meant to call (tasks/judge/testnames.py)
                            "own_source": own,
                            "entry_points": list(entries),
                            "call_names": testnames.call_names([tests[i][1] for i in which], module, entries)}
@@ -292,7 +285,7 @@ def _isolated_path(sandbox: Sandbox, task: Task, files: dict[str, str], which: l
         if launched and isinstance(launched[0].get("pid"), int):
             req["server_pid"] = launched[0]["pid"]  # the one orphan the runner's census expects
     else:
-        req["server_source"] = _source("serve")
+        req["server_source"] = guest_program("serve")
     res = _exec(sandbox, "runner", req, budget, user=RUNNER_USER if split else None)
     report = None
     for line in reversed(res.stdout.splitlines()):
@@ -352,7 +345,7 @@ def run_unit_tests(task: Task, files: dict[str, str], backend: Backend) -> TestR
     done: dict[int, TestResult] = {}
     # one fresh sandbox per judging path, the first closed before the second is acquired: no process the data
     # path's import of the solution left (a daemon) is alive when the isolated runner starts; each path's census
-    # checks it (judgebox.census)
+    # checks it (callserver.census)
     if plans:
         done.update(_in_fresh_sandbox(backend, lambda sb: _data_path(sb, task, files, plans, tests)))
     if isolated:

@@ -3,11 +3,11 @@
 Three channels, each optional except the first:
 - messages: every tool call's arguments (the code the agent ran, the files it wrote, the paths it read, the shell
   commands), analysed statically: Python is read as the interpreter reads it (a BOM, a PEP 263 coding line),
-  names built at run time are folded (tasks/constfold.py: concatenation, f-strings, chr, join, base64, rot13,
+  names built at run time are folded (tasks/judge/constfold.py: concatenation, f-strings, chr, join, base64, rot13,
   bytes.decode, exec of data) and resolved through getattr/setattr/vars/__import__/importlib/sys.modules; what
   cannot be resolved on a sensitive module is itself a finding. Shell commands are read token by token. For
   suites that require a tool, the rewarded answer must come out of that tool's computation over the problem's
-  quantities (tasks/provenance.py: not a literal the model chose, however disguised);
+  quantities (tasks/judge/provenance.py: not a literal the model chose, however disguised);
 - workspace: the final workspace snapshot (tasks.tools.workspace_snapshot) against the pristine files of the task;
 - tests: the fail-closed test run of the verifier (runtime events such as SystemExit or patched builtins, and the
   visible/hidden split).
@@ -16,14 +16,16 @@ answer_lookup, no_tool_use. Each Finding names its evidence. The verifier turns 
 reward 0. This module runs no code and touches no sandbox.
 
 Layout: this module is the API (inspect_episode, hack_flags, and every name the detectors export); the detectors
-live in one module per channel: forensics_context.py (Finding, reason codes, tool actions, path vocabulary, the
-checks' task context), forensics_python.py (the static reader of Python source), forensics_shell.py (the reader of
-shell commands), forensics_messages.py, forensics_workspace.py and forensics_testrun.py (the three channels).
+live in one module per channel: forensics_context.py (what they share, all public: Finding, reason codes, tool
+actions, path vocabulary, the checks' task context Ctx), forensics_python.py (the static reader of Python source,
+with forensics_names.py, its call vocabulary and name resolver, and forensics_reach.py, which code runs at all),
+forensics_shell.py (the reader of shell commands), forensics_messages.py, forensics_workspace.py and
+forensics_testrun.py (the three channels). No forensics module imports a private name of another.
 """
 
 from __future__ import annotations
 
-from tasks.forensics_context import (
+from tasks.judge.forensics_context import (
     FILE_ACCESS,
     FORENSICS_VERSION,
     HIDDEN_MARKERS,
@@ -31,17 +33,17 @@ from tasks.forensics_context import (
     SHADOWED,
     SHELL_FUNCS,
     Action,
+    Ctx,
     Finding,
-    _Ctx,
     tool_actions,
 )
-from tasks.forensics_messages import (
+from tasks.judge.forensics_messages import (
     inspect_messages,
     numbers_in,
     printed_literals,
     untraced_answer,
 )
-from tasks.forensics_python import (
+from tasks.judge.forensics_names import (
     CMP_DUNDERS,
     CODE_FROM_DATA,
     EXEC_CALLS,
@@ -55,22 +57,22 @@ from tasks.forensics_python import (
     PATCH_MODULES,
     SENSITIVE,
     SUPPORTED,
-    parse_as_python,
-    scan_python,
 )
-from tasks.forensics_shell import (
+from tasks.judge.forensics_python import scan_python
+from tasks.judge.forensics_reach import parse_as_python
+from tasks.judge.forensics_shell import (
     scan_shell,
 )
-from tasks.forensics_testrun import (
+from tasks.judge.forensics_testrun import (
     inspect_tests,
     special_cased_values,
 )
-from tasks.forensics_workspace import (
+from tasks.judge.forensics_workspace import (
     inspect_workspace,
 )
+from tasks.judge.unittests import TestRun
 from tasks.spec import Task
 from tasks.tools import TOOLS, WorkspaceSnapshot
-from tasks.unittests import TestRun
 from warehouse.record import Message
 
 __all__ = [
@@ -94,8 +96,8 @@ __all__ = [
     "SHELL_FUNCS",
     "SUPPORTED",
     "Action",
+    "Ctx",
     "Finding",
-    "_Ctx",
     "hack_flags",
     "inspect_episode",
     "inspect_messages",

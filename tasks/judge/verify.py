@@ -3,15 +3,15 @@
 - numeric: the number after 'Answer:' in the last assistant message, within the task's tolerance;
 - unit_tests: the agent's solution files (from the workspace snapshot the loop took, or rebuilt by replaying the
   tool calls in a fresh sandbox) run against the task's pristine visible and hidden tests in another fresh sandbox;
-- llm_judge: an OpenAI-compatible judge, only for tasks with no answer and no tests (tasks/judge.py);
+- llm_judge: an OpenAI-compatible judge, only for tasks with no answer and no tests (tasks/judge/llm.py);
 - harbor: the task's own tests/test.sh in a fresh container of its image, over the state the agent's container
   left, the reward read from the reward file it writes (tasks/harbor.py; strength 'harbor': a script's reward).
 - bfcl: BFCL's own multi_turn_checker (tasks/bfcl.py) in a fresh sandbox: the episode's calls, per user turn, run
   again on fresh API instances beside the ground truth; per turn the state and the results must match (strength
   'bfcl': the model's part is call names and literal arguments, no code of its own).
 Every verdict is fail-closed: no answer, no report, fewer results than tests, an empty test list or a harness crash
-is never a pass. Forensics (tasks/forensics.py) then runs on every episode: any finding makes the verdict `hack`
-and the reward 0, with the reason codes in `hack_flags`. Process terms (tasks/rewards.py) are logged in
+is never a pass. Forensics (tasks/judge/forensics.py) then runs on every episode: any finding makes the verdict `hack`
+and the reward 0, with the reason codes in `hack_flags`. Process terms (tasks/judge/rewards.py) are logged in
 `reward_terms` apart from the outcome. Infrastructure failures raise VerifierUnavailable (the loop's infra_error).
 This module does not run episodes.
 """
@@ -23,23 +23,16 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandbox.result import Backend
-from tasks.answers import extract_answer, numbers_match
-from tasks.forensics import FORENSICS_VERSION, hack_flags, inspect_episode
-from tasks.rewards import RewardConfig, combine, process_terms
+from tasks.judge.answers import extract_answer, numbers_match
+from tasks.judge.errors import VerifierError, VerifierUnavailable
+from tasks.judge.forensics import FORENSICS_VERSION, hack_flags, inspect_episode
+from tasks.judge.rewards import RewardConfig, combine, process_terms
+from tasks.judge.unittests import TestRun, is_test_path, replay_workspace, run_unit_tests, solution_files
 from tasks.spec import Task
 from tasks.tools import WorkspaceSnapshot, text_limit
-from tasks.unittests import (
-    TestRun,
-    VerifierError,
-    VerifierUnavailable,
-    is_test_path,
-    replay_workspace,
-    run_unit_tests,
-    solution_files,
-)
 from warehouse.record import Message
 
-__all__ = ["Outcome", "verify", "verify_numeric", "VerifierError", "VerifierUnavailable", "VERIFIER_VERSIONS"]
+__all__ = ["Outcome", "verify", "verify_numeric", "VERIFIER_VERSIONS"]
 
 NUMERIC_VERIFIER_VERSION = "2"  # 2: markdown answers (**Answer:** 270) count
 # 2: the data and isolated paths; 3: the isolated tests see the task's own code and the real builtins, no
@@ -128,7 +121,7 @@ def verify(task: Task, messages: list[Message], *, backend: Backend | None = Non
     elif kind == "unit_tests":
         outcome, workspace, run = _verify_unit_tests(task, messages, backend, workspace)
     elif kind == "llm_judge":
-        from tasks.judge import JUDGE_VERSION, JudgeConfig, judge
+        from tasks.judge.llm import JUDGE_VERSION, JudgeConfig, judge
 
         if not isinstance(judge_config, JudgeConfig):
             raise VerifierUnavailable(f"task {task.id} is judged by an LLM; pass judge_config=JudgeConfig(...)")

@@ -8,8 +8,9 @@ group, wall-clock limit, killed as a group afterwards), so a crash, exit or hang
 another. A test reports through a private pipe, exactly once; the worker reports how each test process ended. A
 file that does not parse is one failing test. No report, two reports, a SystemExit or a changed `builtins` are
 recorded as events and never count as a pass.
-This is feedback for the agent only: verdicts come from tasks/unittests.py (the judge's data and isolated paths),
-which never uses this harness.
+The worker is testworker.py beside this file: the host puts its source in this program as `WORKER = '...'` ahead
+of this file's text (tasks.tools.runner_source), so the sandbox needs no file. This is feedback for the agent only:
+verdicts come from tasks/judge/unittests.py (the judge's data and isolated paths), which never uses this harness.
 """
 
 import ast
@@ -21,92 +22,6 @@ import sys
 import time
 
 MARKER = "__FLYWHEEL_TESTS__"
-
-WORKER = r'''
-import builtins, importlib, json, os, signal, sys, time, traceback
-_workdir, _fd = sys.argv[1], int(sys.argv[2])
-_req = json.loads(sys.stdin.read())
-_missing = object()
-_before = dict(vars(builtins))
-_events = []
-
-
-def _report(index, kind, _tok=_req.pop("token"), **fields):
-    line = json.dumps(dict(fields, token=_tok, index=index, kind=kind)) + "\n"
-    os.write(_fd, line.encode())
-
-
-def _patched():
-    now = vars(builtins)
-    changed = sorted(k for k in set(_before) | set(now) if _before.get(k, _missing) is not now.get(k, _missing))
-    return ["builtins_patched:" + ",".join(changed[:10])] if changed else []
-
-
-def _tb(e):
-    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))[-600:]
-
-
-os.chdir(_workdir)
-sys.path.insert(0, _workdir)
-_tests = _req["tests"]
-_modules = {}
-for _name in sorted({t["module"] for t in _tests}):
-    try:
-        _modules[_name] = importlib.import_module(_name)
-    except SystemExit as e:
-        _modules[_name] = ("SystemExit(%r) raised while importing %s" % (e.code, _name), ["system_exit"])
-    except BaseException as e:
-        _modules[_name] = ("importing %s failed: %s" % (_name, _tb(e)), [])
-_report(-1, "ready")
-for _i, _t in enumerate(_tests):
-    _mod = _modules[_t["module"]]
-    if isinstance(_mod, tuple):
-        _report(_i, "result", status="error", error=_mod[0], events=_mod[1] + _patched())
-        _report(_i, "exit", returncode=0, timed_out=False)
-        continue
-    _pid = os.fork()
-    if _pid == 0:
-        try:
-            os.setpgid(0, 0)
-            getattr(_mod, _t["func"])()
-        except SystemExit as e:
-            _report(_i, "result", status="fail", error="SystemExit(%r) raised during the test" % (e.code,),
-                    events=["system_exit"] + _patched())
-        except AssertionError as e:
-            _report(_i, "result", status="fail", error=_tb(e), events=_patched())
-        except BaseException as e:
-            _report(_i, "result", status="error", error=_tb(e), events=_patched())
-        else:
-            _report(_i, "result", status="pass", error=None, events=_patched())
-        os._exit(0)
-    try:
-        os.setpgid(_pid, _pid)
-    except OSError:
-        pass
-    _deadline = time.monotonic() + float(_req["timeout_s"])
-    _timed_out, _status, _sleep = False, None, 0.0005
-    while True:
-        _done, _status = os.waitpid(_pid, os.WNOHANG)
-        if _done:
-            break
-        if time.monotonic() > _deadline:
-            _timed_out = True
-            try:
-                os.killpg(_pid, signal.SIGKILL)
-            except OSError:
-                pass
-            _, _status = os.waitpid(_pid, 0)
-            break
-        time.sleep(_sleep)
-        _sleep = min(_sleep * 2, 0.01)
-    try:
-        os.killpg(_pid, signal.SIGKILL)  # whatever the test left running
-    except OSError:
-        pass
-    _rc = -os.WTERMSIG(_status) if os.WIFSIGNALED(_status) else os.WEXITSTATUS(_status)
-    _report(_i, "exit", returncode=_rc, timed_out=_timed_out)
-os._exit(0)
-'''
 
 SIGNALS = {getattr(signal, n): n for n in ("SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGALRM", "SIGHUP",
                                             "SIGUSR1", "SIGUSR2", "SIGKILL", "SIGSEGV", "SIGBUS", "SIGFPE")
@@ -159,7 +74,8 @@ def _drain(fd, proc, deadline, ready_deadline, token):
 def run_tests(workdir, tests, token, timeout_s):
     """tests: [{"name", "module", "func"}] -> one result dict per test."""
     r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-I", "-c", WORKER, workdir, str(w)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-I", "-c", WORKER, workdir, str(w)],  # noqa: F821 - the host's
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,),
                             start_new_session=True, cwd=workdir)
     os.close(w)

@@ -23,154 +23,28 @@ be printed as written. Other tools (`other_call`, e.g. a shell command or a calc
 shows the answer, or folds to it as a Python expression without the quantities, is a literal. What a static reading
 cannot see (a computation the folder cannot evaluate, built only from constants, printed beside a data-dependent
 output) stays possible; forensics are evidence, not the only wall. This module runs no code and judges nothing by
-itself: forensics_messages.untraced_answer turns its reasons into the no_tool_use finding.
+itself: forensics_messages.untraced_answer turns its reasons into the no_tool_use finding. The numbers, the
+quantities, the numeric folder and the moved-quantity worlds it reads with are tasks/judge/quantities.py.
 """
 
 from __future__ import annotations
 
 import ast
-import copy
-import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from tasks import pyast
-from tasks.constfold import MAX_LEN, UNKNOWN, Folder, Hole, _known
-
-_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
-
-
-def numbers_in(text: str) -> list[float]:
-    """Every number a text shows: 1,234 both as 1234 and as 1 and 234; 178.0 and 1.78e2 as floats."""
-    out = []
-    for m in _NUM.finditer(text):
-        tok = m.group()
-        cands = [p for p in tok.split(",") if p and p != "-"]
-        if "," in tok and re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:[eE][-+]?\d+)?", tok):
-            cands.append(tok.replace(",", ""))
-        for c in cands:
-            try:
-                out.append(float(c))
-            except ValueError:
-                continue
-    return out
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The rewarded answer, the task's tolerance and the prompt's quantities."""
-
-    value: float
-    tolerance: float
-    quantities: frozenset[float]
-
-    def same(self, x: float) -> bool:
-        return math.isfinite(x) and abs(x - self.value) <= self.tolerance * max(1.0, abs(self.value))
-
-    @property
-    def given(self) -> bool:
-        """The prompt itself gives the answer's number (then printing it as written is not a literal answer)."""
-        return any(self.same(q) for q in self.quantities)
-
-    def shows(self, v: Any) -> bool:
-        """A folded value whose text (str of a number, the text of a string, the repr of a container) shows it."""
-        if v is UNKNOWN or v is None:
-            return False
-        if isinstance(v, bool):
-            return False
-        if isinstance(v, (int, float)):
-            return self.same(float(v))
-        if isinstance(v, (bytes, bytearray)):
-            v = bytes(v).decode("latin-1")
-        try:
-            text = v if isinstance(v, str) else repr(v)
-        except (ValueError, RecursionError):
-            return False
-        return any(self.same(x) for x in numbers_in(text[:MAX_LEN]))
-
-
-def is_quantity(value: Any, quantities: frozenset[float]) -> bool:
-    """A number the prompt gives, or a string that shows one (the prompt's text pasted into the code)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
-        return abs(float(value)) in quantities
-    if isinstance(value, str):
-        return any(abs(x) in quantities for x in numbers_in(value[:MAX_LEN]))
-    return False
-
-
-# ------------------------------------------------------------------------------------------------ folding
-
-_MATH = {"factorial": (math.factorial, 2000), "comb": (math.comb, 10_000), "perm": (math.perm, 10_000),
-         "gcd": (math.gcd, None), "lcm": (math.lcm, None), "isqrt": (math.isqrt, None), "sqrt": (math.sqrt, None),
-         "floor": (math.floor, None), "ceil": (math.ceil, None), "prod": (math.prod, None),
-         "trunc": (math.trunc, None), "fabs": (math.fabs, None), "log10": (math.log10, None),
-         "log2": (math.log2, None), "exp": (math.exp, 700)}
-
-
-class _ProvFolder(Folder):
-    """The forensics folder, plus what numeric code uses: range, round, divmod, pow, small math functions, and
-    eval() of a string it can read."""
-
-    def _call(self, node: ast.Call) -> Any:
-        name = self.dotted(node.func)
-        short = name.rsplit(".", 1)[-1]
-        if name in ("range", "round", "divmod", "pow", "eval") or (name.startswith("math.") and short in _MATH):
-            args = [self.fold(a) for a in node.args]
-            if node.keywords or not _known(*args):
-                return UNKNOWN
-            if name == "eval":
-                return self._eval(args)
-            if any(isinstance(a, (int, float)) and not isinstance(a, bool) and abs(a) > 10**12 for a in args) and \
-                    name != "round":
-                return UNKNOWN
-            if name == "range":
-                r = range(*args)
-                return list(r) if len(r) <= MAX_LEN // 8 else UNKNOWN
-            if name == "pow" and len(args) >= 2 and isinstance(args[1], int) and abs(args[1]) > 256:
-                return UNKNOWN
-            if name.startswith("math."):
-                fn, cap = _MATH[short]
-                if cap is not None and any(isinstance(a, (int, float)) and a > cap for a in args):
-                    return UNKNOWN
-                return fn(*args)
-            return {"round": round, "divmod": divmod, "pow": pow}[name](*args)
-        return super()._call(node)
-
-    def _comprehension(self, node: ast.ListComp | ast.GeneratorExp | ast.SetComp) -> Any:
-        """As the base folder, but a filter it cannot evaluate makes the whole comprehension unknown (the base
-        keeps every element then, which is right for finding strings and wrong for a count)."""
-        gen = node.generators[0] if len(node.generators) == 1 else None
-        if gen is not None and gen.ifs and isinstance(gen.target, ast.Name):
-            it = self.fold(gen.iter)
-            if _known(it) and not isinstance(it, (int, float)):
-                name, saved = gen.target.id, self.env.get(gen.target.id, UNKNOWN)
-                try:
-                    for x in list(it)[:MAX_LEN]:
-                        self.env[name] = x
-                        if any(not _known(self.fold(c)) for c in gen.ifs):
-                            return UNKNOWN
-                finally:
-                    self.env[name] = saved
-        return super()._comprehension(node)
-
-    def _eval(self, args: list[Any]) -> Any:
-        if len(args) != 1 or not isinstance(args[0], str) or isinstance(args[0], Hole) or self._depth > 20:
-            return UNKNOWN
-        try:
-            tree = pyast.parse(args[0].strip(), mode="eval")
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return UNKNOWN
-        return self.fold(tree.body)  # type: ignore[attr-defined]
-
-
-def fold_expr(text: str) -> Any:
-    """The value a Python expression folds to with nothing bound, else UNKNOWN."""
-    return _ProvFolder()._eval([text])
-
+from tasks.judge.constfold import MAX_LEN, UNKNOWN, Hole
+from tasks.judge.quantities import (
+    Answer,
+    NumericFolder,
+    fold_expr,
+    is_quantity,
+    moved_worlds,
+    numbers_in,
+    shifted,
+)
 
 # ------------------------------------------------------------------------------------------ the episode code
 
@@ -185,7 +59,6 @@ _TRANSPARENT = {"str", "int", "float", "repr", "ascii", "format", "list", "tuple
                 "next", "enumerate", "zip", "chain", "dumps", "literal_eval", "loads", "deepcopy", "copy", "max", "min"}
 _PURE = {"print", "str", "int", "float", "len", "sum", "min", "max", "abs", "round", "sorted", "list", "tuple", "range",
          "repr", "format", "divmod", "pow", "bool", "set", "reversed", "enumerate", "zip"}
-MAX_MOVED = 8  # quantities moved one at a time (two worlds each) when testing for a constant in disguise
 _MUTATORS = {"append", "extend", "insert", "update", "add", "setdefault", "appendleft", "extendleft", "push",
              "__setitem__", "put"}
 _STR_METHODS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "upper", "lower", "center", "ljust",
@@ -240,7 +113,7 @@ class _Code:
         self.accumulators: set[str] = set()
         self.functions: dict[str, list[ast.AST]] = {}
         self._collect()
-        self.folder = _ProvFolder(tree)
+        self.folder = NumericFolder(tree)
         self.data = self._data_names()
 
     # -------------------------------------------------------------------------------------------- bindings
@@ -437,12 +310,12 @@ class _Code:
 
     # ------------------------------------------------------------------------------------- semantic constant
     def folded_outputs(self, world: tuple[str, int] | None) -> list[Any]:
-        """Each output folded in a world (None: the quantities as given; (mode, k): only the k-th moved, _Shift),
+        """Each output folded in a world (None: the quantities as given; (mode, k): only the k-th moved, Shift),
         UNKNOWN where the folder cannot be sure: names bound inside loops, branches, functions or by exec."""
-        tree = _shifted(self.tree, world, self.answer.quantities) if world else self.tree
+        tree = shifted(self.tree, world, self.answer.quantities) if world else self.tree
         code = _Code.__new__(_Code)
         code.tree, code.first, code.answer = tree, self.first, self.answer
-        code.folder = _ProvFolder()
+        code.folder = NumericFolder()
         code.folder.aliases = {}
         straight = _straight_line_env(tree, code.folder)
         if straight is None:
@@ -455,7 +328,7 @@ class _Code:
 
 
 class _Straight:
-    def __init__(self, tree: ast.Module, folder: _ProvFolder, poisoned: set[str]):
+    def __init__(self, tree: ast.Module, folder: NumericFolder, poisoned: set[str]):
         self.tree, self.folder, self.poisoned = tree, folder, poisoned
 
     def outputs_with_env(self, code: _Code) -> list[tuple[ast.AST, dict[str, Any] | None]]:
@@ -494,7 +367,7 @@ class _Straight:
         return out
 
 
-def _straight_line_env(tree: ast.Module, folder: _ProvFolder) -> _Straight | None:
+def _straight_line_env(tree: ast.Module, folder: NumericFolder) -> _Straight | None:
     """Names bound anywhere but a top-level statement (loops, branches, functions, walrus, imports) never fold;
     code that runs exec or reaches globals() folds nothing."""
     poisoned: set[str] = set()
@@ -523,54 +396,6 @@ def _straight_line_env(tree: ast.Module, folder: _ProvFolder) -> _Straight | Non
     return _Straight(tree, folder, poisoned)
 
 
-class _Shift(ast.NodeTransformer):
-    """Moves one written quantity (the k-th constant that is one: a number, or a string showing one): 'add' a
-    small step, 'scale' by 1000. One occurrence at a time, so that h * 60 // lcm(a, b) + 1, whose value a joint
-    move may keep, and 71 - 71, change in some world, while a * 0 + 636 shows 636 in every one."""
-
-    def __init__(self, world: tuple[str, int], quantities: frozenset[float]):
-        self.mode, self.target = world
-        self.quantities = quantities
-        self.seen = -1
-
-    def _move(self, x: float) -> float:
-        return x * 1000 + 3 if self.mode == "scale" else x + 7 + abs(x) % 13
-
-    def visit_Constant(self, node: ast.Constant) -> ast.AST:
-        v = node.value
-        if isinstance(v, bool) or not is_quantity(v, self.quantities):
-            return node
-        self.seen += 1
-        if self.seen != self.target:
-            return node
-        if isinstance(v, (int, float)):
-            moved = self._move(float(v))
-            return ast.copy_location(ast.Constant(int(moved) if isinstance(v, int) else moved), node)
-        if isinstance(v, str) and len(v) <= MAX_LEN:
-            def sub(m: re.Match[str]) -> str:
-                try:
-                    x = float(m.group())
-                except ValueError:
-                    return m.group()
-                if abs(x) not in self.quantities:
-                    return m.group()
-                moved = self._move(x)
-                return str(int(moved)) if moved == int(moved) and "." not in m.group() else str(moved)
-            return ast.copy_location(ast.Constant(_NUM.sub(sub, v)), node)
-        return node
-
-
-def _shifted(tree: ast.Module, world: tuple[str, int], quantities: frozenset[float]) -> ast.Module:
-    return _Shift(world, quantities).visit(copy.deepcopy(tree))
-
-
-def _worlds(tree: ast.Module, quantities: frozenset[float]) -> list[tuple[str, int] | None]:
-    """None (as given), then each written quantity (in _Shift's visiting order), moved alone two ways."""
-    n = sum(1 for x in ast.walk(copy.deepcopy(tree)) if isinstance(x, ast.Constant)
-            and not isinstance(x.value, bool) and is_quantity(x.value, quantities))
-    return [None] + [(mode, k) for k in range(min(n, MAX_MOVED)) for mode in ("add", "scale")]
-
-
 # ------------------------------------------------------------------------------------------------- verdicts
 
 def python_call(prior: list[str], code: str, answer: Answer) -> str | None:
@@ -591,7 +416,7 @@ def python_call(prior: list[str], code: str, answer: Answer) -> str | None:
     data = [i for i, node in enumerate(outs) if c.is_data(node)]
     if not data:
         return "none of the call's outputs depends on the problem's quantities"
-    worlds = [c.folded_outputs(w) for w in _worlds(c.tree, answer.quantities)]
+    worlds = [c.folded_outputs(w) for w in moved_worlds(c.tree, answer.quantities)]
     for i in data:
         vals = [w[i] for w in worlds]
         if any(v is UNKNOWN or isinstance(v, Hole) for v in vals):

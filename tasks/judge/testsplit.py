@@ -8,7 +8,7 @@ arguments as plain values); each assert becomes a `Check`, the assert's expressi
 placeholders, evaluated on the host over the decoded results with a small set of builtins and modules. The
 expected values therefore never leave the host. Anything else (loops, helpers, try blocks, names the host does not
 know, arguments that are not plain data) does not split: `plan` returns None and the test runs on the isolated
-path (tasks/judgebox.py). The snippets are the task author's code, trusted like the task file; only the decoded
+path (tasks/judge/guest/callserver.py). The snippets are the task author's code, trusted like the task file; only the decoded
 results come from the sandbox. This module runs no sandbox.
 """
 
@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks import plaindata, pyast
+from tasks import pyast
+from tasks.judge.guest import plaindata
 
 SAFE_BUILTINS = {n: getattr(builtins, n) for n in (
     "abs", "all", "any", "bool", "bytes", "chr", "complex", "dict", "divmod", "enumerate", "filter", "float",

@@ -1,7 +1,10 @@
-"""What the judge runs INSIDE a fresh sandbox: the call server and the isolated test runner (standard library only).
+"""What the judge runs INSIDE a fresh sandbox: the call server, and the parts the isolated runner shares with it
+(standard library only).
 
-Sent as `python3 -I -c SOURCE`, where SOURCE is tasks/plaindata.py followed by this file and one line that picks
-the role; nothing here is imported on the host.
+Sent as `python3 -I -c SOURCE`, where SOURCE is plaindata.py, this file, for the runner runner.py (all three in
+tasks/judge/guest/), and one line that picks the role: `serve`, `launch` or `runner`
+(tasks.judge.unittests.guest_program builds it). Nothing here is imported on the host; tests/tasks/test_guest.py
+runs the programs with the host's python3.
 
 - The call server (`serve`) writes the agent's files to a temp folder, imports the solution module once, then
   answers calls `{"i", "func", "args", "kwargs"}` (arguments in plaindata's encoding): each call runs in a forked
@@ -25,7 +28,7 @@ the role; nothing here is imported on the host.
   solution. Its one report line carries the secret; the host accepts it only with that secret and exit status 0.
 - Every path starts with a census (`census`): a process of this sandbox left by an earlier command (an orphan of
   PID 1: a double fork, a daemon) or a tracer of the runner is reported, and the host then gives that path no
-  result (tasks/unittests.py also gives each path a fresh sandbox, so there is none to find).
+  result (tasks/judge/unittests.py also gives each path a fresh sandbox, so there is none to find).
 - Runner and server as different users where the backend allows (Docker): an exec as the sandbox user (nobody)
   runs `launch`, which starts a detached server listening on a Unix socket and returns; then an exec as another
   unprivileged uid (no capability either) runs the runner, which connects to it. The solution then cannot signal
@@ -45,7 +48,6 @@ import select as _select
 import signal as _signal
 import sys as _sys
 import time as _time
-import types as _types
 
 MARKER = "__FLYWHEEL_JUDGE__"
 _RESULT_LIMIT = 16 * 1024 * 1024
@@ -335,237 +337,3 @@ def launch():
     _sys.stdout.write(_json.dumps({"token": req["token"], "listening": ok, "pid": int(pid) if ok else None}) + "\n")
     _sys.stdout.flush()
     _os._exit(0 if ok else 1)
-
-
-# ---- the isolated runner: everything below is left out of the call server's program (tasks/unittests.py) ----
-
-
-class _CallFailed(Exception):
-    """A proxied call ended in an error of the server, a timeout or a value that is not plain data. The test's
-    result is this failure even when the test's code catches it (it is recorded before it is raised); the test's
-    later calls are not sent to the server, they raise at once."""
-
-    def __init__(self, status, error, events=()):
-        self.status, self.events = status, list(events)
-        super().__init__(error)
-
-
-class SolutionRaised(Exception):
-    """What the solution raised, carried across the proxy. A builtin exception keeps its type for the test's
-    `except` clauses (a class derived from it and from this one), except the types a language construct treats as
-    control flow: StopIteration and StopAsyncIteration (which end a loop, a `map`, `all` or a generator silently)
-    and the BaseException-only ones (SystemExit, KeyboardInterrupt, GeneratorExit) arrive as this class alone."""
-
-
-_CONTROL_FLOW = (StopIteration, StopAsyncIteration)
-_CARRIERS = {}
-
-
-def _solution_error(name, text):
-    """The exception a proxy raises for the solution's builtin exception `name` with the error text `text`."""
-    exc = getattr(_builtins, str(name), None)
-    if isinstance(exc, type) and issubclass(exc, Exception) and not issubclass(exc, _CONTROL_FLOW):
-        for base in exc.__mro__:
-            if base is Exception or not issubclass(base, Exception):
-                break
-            try:
-                carrier = _CARRIERS.get(base)
-                if carrier is None:
-                    carrier = _CARRIERS[base] = type(base.__name__, (base, SolutionRaised),
-                                                     {"__module__": "builtins"})
-                return carrier(text)
-            except TypeError:  # a type whose constructor takes other arguments (UnicodeDecodeError): its base
-                continue
-    return SolutionRaised("%s raised by the solution: %s" % (name, text))
-
-
-def _own_module(name, source):
-    """The task's own code (the pristine file at the solution's path) as module `name`, run here with the real
-    builtins: the helpers the tests call (HumanEval/32's `poly`) are the task's, never the solution's."""
-    mod = _types.ModuleType(name)
-    mod.__dict__["__builtins__"] = _builtins
-    if source:
-        exec(compile(source, "<the task's own %s>" % name, "exec"), mod.__dict__)
-    return mod
-
-
-def runner():
-    """The isolated test runner: tests run here, the solution in a child server reached only through proxies."""
-    guarded = False
-    try:
-        import ctypes
-
-        guarded = ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0
-    except Exception:  # noqa: BLE001 - reported in the result as guard=False
-        pass
-    req = _json.loads(_sys.stdin.buffer.read())
-    secret, token, timeout_s = req.pop("secret"), req["token"], float(req["timeout_s"])
-    proc = sock = None
-    server_uid = server_pid = None
-    start_error = None
-    if req.get("connect"):
-        # uid split (Docker): the server was started by an earlier exec as the sandbox user; this runner runs as
-        # another uid, so the solution can neither signal it, ptrace it nor open its /proc files
-        import socket
-
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(req["connect"])
-            import struct
-
-            _, server_uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            server_pid = req.get("server_pid")  # the launch's report: the server is an orphan of PID 1 by design
-        except OSError as e:
-            start_error = "cannot reach the solution's server: %s" % e
-        out = sock.fileno()
-
-        def send(data):
-            sock.sendall(data)
-    # before the solution's server imports anything: no process of an earlier command alive, none tracing us
-    strays = census(exclude=(server_pid,) if isinstance(server_pid, int) else ())
-    try:
-        with open("/proc/self/status", "rb") as f:
-            traced = [ln for ln in f.read().splitlines() if ln.startswith(b"TracerPid:")]
-        if traced and traced[0].split()[1:] != [b"0"]:
-            strays.append([-1, "tracer of the runner: " + traced[0].decode("ascii", "replace")])
-    except OSError:
-        pass
-    if not req.get("connect"):
-        # one uid (the local backend): the server is this runner's child, on fresh pipes
-        import subprocess
-
-        proc = subprocess.Popen([_sys.executable, "-I", "-c", req["server_source"]], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
-                                start_new_session=True)
-        server_uid = _os.getuid()
-        out = proc.stdout.fileno()
-
-        def send(data):
-            proc.stdin.write(data)
-            proc.stdin.flush()
-    buf = bytearray()
-
-    def reply(deadline):
-        while b"\n" not in buf:
-            left = deadline - _time.monotonic()
-            if left <= 0 or not _select.select([out], [], [], left)[0]:
-                raise _CallFailed("timeout", "the solution's server did not answer in time")
-            b = _os.read(out, 65536)
-            if not b:
-                raise _CallFailed("no_result", "the solution's server ended (exit %s)"
-                                  % (proc.poll() if proc is not None else "unknown"))
-            buf.extend(b)
-        line, _, rest = bytes(buf).partition(b"\n")
-        buf[:] = rest
-        msg = _json.loads(line)
-        if type(msg) is not dict or msg.get("token") != token:
-            raise _CallFailed("error", "the solution's server sent a malformed reply")
-        return msg
-
-    header = {"mode": "serve", "token": token, "files": req["files"], "module": req["module"],
-              "timeout_s": timeout_s}
-    results = []
-    callables = []
-    try:
-        if start_error:
-            raise _CallFailed("error", start_error)
-        send((_json.dumps(header) + "\n").encode())
-        ready = reply(_time.monotonic() + timeout_s + 5)
-        import_error = ready.get("error")
-        callables = [str(n) for n in ready.get("names") or [] if isinstance(n, str)]
-        strays += [s for s in ready.get("strays") or [] if isinstance(s, list)]
-    except (_CallFailed, OSError, ValueError) as e:
-        import_error = "the solution's server did not start: %s" % e
-    counter = [0]
-    failures = []  # the current test's failed calls: the test's result whatever its code caught
-
-    def proxy(name):
-        def call(*args, **kwargs):
-            if failures:  # the test's result is decided (its first failed call): a later call is not run
-                raise _CallFailed(failures[0].status, "not run: an earlier call of this test failed (%s)"
-                                  % failures[0])
-            counter[0] += 1
-            try:
-                a, kw = encode(list(args)), encode(dict(kwargs))  # noqa: F821
-            except NotPlainData as e:  # noqa: F821
-                raise _CallFailed("error", "an argument to %s is not plain data: %s" % (name, e)) from None
-            try:
-                send((_json.dumps({"i": counter[0], "func": name, "args": a, "kwargs": kw}) + "\n").encode())
-                msg = reply(_time.monotonic() + timeout_s + 5)
-            except _CallFailed as e:
-                failures.append(e)
-                raise
-            except (OSError, ValueError) as e:
-                failures.append(_CallFailed("no_result", "the solution's server failed: %s" % e))
-                raise failures[-1] from None
-            events.extend(str(e) for e in msg.get("events") or [])
-            status = msg.get("status")
-            if status == "ok":
-                return decode(msg.get("value"))  # noqa: F821
-            if status == "error" and msg.get("exc") and msg.get("exc") != "SystemExit":
-                raise _solution_error(msg["exc"], msg.get("error"))  # the test may expect this exception
-            failures.append(_CallFailed("fail" if status == "not_plain" else
-                                        status if status in ("timeout", "no_result") else "error", msg.get("error")))
-            raise failures[-1]
-        call.__name__ = name
-        return call
-
-    own_error = None
-    try:
-        own = _own_module(req["module"], req.get("own_source") or "")
-    except BaseException as e:  # noqa: BLE001 - the task's own code must run; if it does not, nothing passes
-        own, own_error = _types.ModuleType(req["module"]), "the task's own code failed in the runner: %s" % _tb(e)
-    entries = set(req.get("entry_points") or [])
-    offered = set(callables)
-    for name in req.get("call_names") or []:
-        # the functions the tests are meant to call: the entry points, and names the tests use that neither the
-        # task's own code nor the builtins define
-        if name in offered and (name in entries or (name not in vars(own) and not hasattr(_builtins, name))):
-            setattr(own, name, proxy(name))
-    _sys.modules[req["module"]] = own
-    for t in req["tests"]:
-        events = []
-        del failures[:]
-        res = {"name": t["name"], "status": "pass", "error": None}
-        if strays:
-            res.update(status="no_result", error="processes of an earlier command were alive when the isolated "
-                                                 "path started: %s" % (strays[:5],))
-            events.append("process_alive")
-        elif own_error or import_error:
-            res.update(status="error", error=own_error or import_error)
-        else:
-            ns = {"__name__": "__flywheel_test__", "__builtins__": _builtins,
-                  **{k: v for k, v in vars(own).items() if not (k.startswith("__") and k.endswith("__"))}}
-            try:
-                exec(compile(t["code"], "<test " + t["name"] + ">", "exec"), ns)
-            except _CallFailed as e:
-                res.update(status=e.status, error=str(e))
-            except AssertionError as e:
-                res.update(status="fail", error=_tb(e))
-            except BaseException as e:  # noqa: BLE001 - the test's own error
-                res.update(status="error", error=_tb(e))
-            if failures and res["status"] == "pass":  # the test caught a failed call: the call's failure stands
-                res.update(status=failures[0].status, error="%s (caught by the test)" % failures[0])
-        res["events"] = events
-        results.append(res)
-    if proc is not None:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            _os.killpg(proc.pid, _signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait()
-    else:  # another uid: it cannot be killed from here; EOF ends an honest server, the sandbox's end any other
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        sock.close()
-    split = server_uid is not None and server_uid != _os.getuid()
-    _sys.stdout.write(MARKER + " " + _json.dumps({"token": token, "secret": secret, "guarded": guarded,
-                                                  "uid_split": split, "strays": strays, "results": results}) + "\n")
-    _sys.stdout.flush()
-    _os._exit(0)

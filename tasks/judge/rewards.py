@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from tasks.answers import ANSWER_RE
+from tasks.judge.answers import ANSWER_RE
 from tasks.spec import Task
 from tasks.tools import ToolArgumentError, parse_arguments
 from warehouse.record import Message

@@ -16,8 +16,8 @@ import time
 import httpx
 from pydantic import BaseModel, Field
 
+from tasks.judge.errors import VerifierUnavailable
 from tasks.spec import Task
-from tasks.unittests import VerifierUnavailable
 from warehouse.record import Message
 
 JUDGE_VERSION = "1"

@@ -1,4 +1,4 @@
-"""Which names of the solution an isolated test may call (the judge's isolated path, tasks/judgebox.py's runner).
+"""Which names of the solution an isolated test may call (the judge's isolated path, tasks/judge/guest/runner.py).
 
 `call_names(tests, module, entry_points)`: the names the tests' code reads (`f(...)`, `candidate = f`), the names they
 import from the solution module (`from solution import f`) and the attributes they read on it (`solution.f`),

@@ -1,7 +1,7 @@
 """Plain data across the sandbox wall: a strict, tagged JSON encoding of values, and equality on plain values.
 
-Standard library only: this file's source also runs INSIDE sandboxes (tasks/judgebox.py sends it), where it
-encodes what a solution's call returned. Plain data is None, bool, int, float (NaN and infinities too), complex,
+Standard library only: this file's source also runs INSIDE sandboxes (tasks/judge/unittests.py sends it before
+callserver.py), where it encodes what a solution's call returned. Plain data is None, bool, int, float (NaN and infinities too), complex,
 str, bytes, list, tuple, dict, set and frozenset, nested, checked by exact type. A few standard-library subclasses
 that keep their base's equality (namedtuples, OrderedDict, defaultdict, Counter) travel as their base type; any
 other value (an object with a forged `__eq__`, a generator, a user class, a subclass that overrides equality)

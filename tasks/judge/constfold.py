@@ -62,7 +62,7 @@ def _small(v: Any) -> Any:
     return v
 
 
-def _known(*vs: Any) -> bool:
+def is_known(*vs: Any) -> bool:
     return all(v is not UNKNOWN and not isinstance(v, Hole) for v in vs)
 
 
@@ -169,7 +169,7 @@ class Folder:
             return self._binop(node.op, self.fold(node.left), self.fold(node.right))
         if isinstance(node, ast.UnaryOp):
             v = self.fold(node.operand)
-            if not _known(v):
+            if not is_known(v):
                 return UNKNOWN
             ops = {ast.USub: lambda x: -x, ast.UAdd: lambda x: +x, ast.Invert: lambda x: ~x, ast.Not: lambda x: not x}
             return ops[type(node.op)](v)
@@ -178,11 +178,11 @@ class Folder:
             if isinstance(node.slice, ast.Slice):
                 parts = [self.fold(p) if p is not None else None for p in (node.slice.lower, node.slice.upper,
                                                                              node.slice.step)]
-                if not _known(base, *parts):
+                if not is_known(base, *parts):
                     return UNKNOWN
                 return base[slice(*parts)]
             idx = self.fold(node.slice)
-            if not _known(base, idx):
+            if not is_known(base, idx):
                 return UNKNOWN
             return base[idx]
         if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
@@ -210,7 +210,7 @@ class Folder:
                 return _join_text([HOLE, b])
         if isinstance(op, ast.Div) and isinstance(a, str) and isinstance(b, str):
             return _join_text([posixpath.join(a, b)])  # pathlib's `/`
-        if not _known(a, b):
+        if not is_known(a, b):
             return UNKNOWN
         if isinstance(op, ast.Mult) and isinstance(a, (str, bytes, list)) and isinstance(b, int) and b * len(a) > MAX_LEN:
             return UNKNOWN
@@ -230,7 +230,7 @@ class Folder:
             return UNKNOWN
         gen = node.generators[0]
         it = self.fold(gen.iter)
-        if not _known(it) or not isinstance(gen.target, ast.Name) or isinstance(it, (int, float)):
+        if not is_known(it) or not isinstance(gen.target, ast.Name) or isinstance(it, (int, float)):
             return UNKNOWN
         name, saved = gen.target.id, self.env.get(gen.target.id, UNKNOWN)
         out = []
@@ -284,10 +284,10 @@ class Folder:
             return getattr(posixpath, short)(args[0])
         if short in ("resolve", "absolute", "expanduser") and isinstance(recv, str) and not args:
             return recv
-        if name == "map" and len(args) == 2 and isinstance(node.args[0], ast.Name) and _known(args[1]):
+        if name == "map" and len(args) == 2 and isinstance(node.args[0], ast.Name) and is_known(args[1]):
             f = {"chr": chr, "str": str, "ord": ord, "int": int}.get(node.args[0].id)
             return [f(x) for x in args[1]] if f else UNKNOWN
-        if not _known(*args, *kw.values()):
+        if not is_known(*args, *kw.values()):
             return UNKNOWN
         if any(isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_LEN for a in args) and (
                 name in ("bytes", "bytearray") or short in ("zfill", "center", "ljust", "rjust", "expandtabs")):
