@@ -25,10 +25,12 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "holder": ("sandbox.guest.holder",),
     "enter": ("sandbox.guest.enter",),
     "pid1": ("sandbox.guest.pid1",),
+    "write": ("sandbox.guest.write",),
 }
 
 FLAGS: dict[str, tuple[str, ...]] = {"kernel": ("-u",), "zygote": ("-u",), "keeper": ("-u",), "reset": (), "cleanup": ("-S",),
-                                     "holder": ("-S",), "enter": ("-S",), "pid1": ("-S",)}
+                                     "holder": ("-S",), "enter": ("-S",), "pid1": ("-S",),
+                                     "write": ("-S",)}
 
 
 @cache

@@ -48,6 +48,7 @@ IN_SANDBOX = {
     "sandbox/guest/holder.py": "the local sandbox's namespace holder",
     "sandbox/guest/enter.py": "the local sandbox's enter helper",
     "sandbox/guest/pid1.py": "the sandbox's PID 1",
+    "sandbox/guest/write.py": "the file writer",
 }
 # What sandbox/programs.py ships into a sandbox beside its guest modules (the only non-stdlib names they import).
 SHIPPED_WITH_GUESTS = ("sandbox.procfs", "sandbox.guest.")
