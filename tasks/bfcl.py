@@ -331,16 +331,10 @@ def replay(entry: dict[str, Any], drop: tuple[int, int] | None = None, wheel: Pa
     return check(entry, turns, wheel)
 
 
-_DRIVER = r"""
-import json, os, sys
-sys.path.insert(0, os.getcwd())
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
-job = json.load(open("bfcl_job.json"))
-e = job["entry"]
-r = multi_turn_checker([[t] for t in job["model_turns"]], e["ground_truth"], e, e["id"].rsplit("_", 1)[0],
-                       "flywheel")
-print(sys.argv[1], json.dumps({k: r.get(k) for k in ("valid", "error_type", "error_message")}))
-"""
+@functools.cache
+def _guest(name: str) -> str:
+    """The source of an in-sandbox program of tasks/guest/ (bfcl_check.py, bfcl_call.py), sent as `python3 -I -c`."""
+    return (Path(__file__).with_name("guest") / name).read_text()
 
 
 def _sandbox_files(wheel: Path, classes: list[str]) -> dict[str, str]:
@@ -372,7 +366,7 @@ def check_in_sandbox(entry: dict[str, Any], model_turns: list[list[str]], backen
     sandbox = backend.acquire()
     try:
         sandbox.write_files(files)
-        res = sandbox.exec(["python3", "-I", "-c", _DRIVER, marker])
+        res = sandbox.exec(["python3", "-I", "-c", _guest("bfcl_check.py"), marker])
     finally:
         try:
             sandbox.close()
@@ -417,32 +411,12 @@ def acquire(task: Task, backend: Backend, wheel: Path | None = None):
     return sandbox
 
 
-# One call in a fresh process: the instances from the state file (first call: BFCL makes them from initial_config),
-# BFCL's own execute_multi_turn_func_call on the call string, the instances back to the state file.
-_CALL = r"""
-import json, os, pickle, sys
-sys.path.insert(0, os.getcwd())
-from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as u
-e = json.load(open(sys.argv[3]))
-g = vars(u)
-if os.path.exists(sys.argv[2]):
-    with open(sys.argv[2], "rb") as f:
-        g.update(pickle.load(f))
-res, _ = u.execute_multi_turn_func_call([sys.stdin.read()], e["initial_config"], e["involved_classes"], "flywheel",
-                                        e["id"])
-with open(sys.argv[2] + ".tmp", "wb") as f:
-    pickle.dump({k: v for k, v in g.items() if k.startswith("flywheel_") and k.endswith("_instance")}, f)
-os.replace(sys.argv[2] + ".tmp", sys.argv[2])
-print(sys.argv[1], json.dumps(res[0]))
-"""
-
-
 def run_call(sandbox: Any, name: str, args: dict[str, Any], *, timeout_s: float | None = None) -> ExecResult:
     """One of the task's API functions called in the episode's sandbox, as BFCL's inference loop executes it; the
     result (BFCL's string, 'Error during execution: ...' for a call that raised) is the stdout. A run that gives no
     result (not a timeout) is a SandboxError: the machinery broke, not the model."""
     marker = "__BFCL_" + secrets.token_hex(8)
-    res = sandbox.exec(["python3", "-I", "-c", _CALL, marker, STATE_FILE, ENTRY_FILE],
+    res = sandbox.exec(["python3", "-I", "-c", _guest("bfcl_call.py"), marker, STATE_FILE, ENTRY_FILE],
                        stdin=call_string(name, args).encode(), timeout_s=timeout_s)
     if res.verdict in ("timeout", "resource_limit", "infra_error"):
         return res

@@ -36,6 +36,8 @@ IN_SANDBOX = {
     "tasks/guest/testrunner.py": "the run_tests harness",
     "tasks/guest/testworker.py": "the run_tests harness's worker",
     "tasks/guest/snapshot.py": "the workspace snapshot",
+    "tasks/guest/bfcl_check.py": "BFCL's checker on one episode",
+    "tasks/guest/bfcl_call.py": "one call of a BFCL task's API",
     "tasks/judge/guest/plaindata.py": "the judge's plain-data encoding (also imported on the host)",
     "tasks/judge/guest/callserver.py": "the judge's call server",
     "tasks/judge/guest/runner.py": "the judge's isolated runner",
@@ -50,8 +52,9 @@ IN_SANDBOX = {
     "sandbox/guest/pid1.py": "the sandbox's PID 1",
     "sandbox/guest/write.py": "the file writer",
 }
-# What sandbox/programs.py ships into a sandbox beside its guest modules (the only non-stdlib names they import).
-SHIPPED_WITH_GUESTS = ("sandbox.procfs", "sandbox.guest.")
+# What is shipped into a sandbox beside the guest modules (the only non-stdlib names they may import): sandbox/programs.py's.
+SHIPPED_WITH_GUESTS = ("sandbox.procfs", "sandbox.guest.",
+                       "bfcl_eval.")  # the wheel's modules tasks/bfcl.py writes beside its two programs
 
 
 def _files(folders: tuple[str, ...]) -> dict[str, Path]:
