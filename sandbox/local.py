@@ -124,6 +124,7 @@ class LocalSandbox:
         self.reusable = True  # False once its zygote had to be restarted (see _start_interpreter)
         self._note: str | None = None
         self.closed = False
+        self._slot: weakref.finalize | None = None  # set by acquire(): frees the backend's slot once
         cores = sorted(os.sched_getaffinity(0))
         n = min(len(cores), max(1, math.ceil(self.config.cpus)))
         self._cpus = [cores[(index * n + i) % len(cores)] for i in range(n)]
@@ -753,6 +754,8 @@ class LocalBackend:
         if self._pool.closed:
             raise SandboxError("the local backend is shut down; create a new LocalBackend")
         sb = self._pool.take()  # none ready: a used one is reset here (a few ms) rather than one started (~60 ms)
+        # The slot is freed once: by close() (_release), or when a handle dropped without close() is collected.
+        sb._slot = weakref.finalize(sb, self._pool.release)
         with self._lock:
             self._live.add(sb)
         return sb
@@ -764,9 +767,8 @@ class LocalBackend:
     def _release(self, sb: LocalSandbox) -> None:
         """sb, handed out by acquire(), is closed (reset for reuse or destroyed): its slot frees up."""
         with self._lock:
-            present = sb in self._live
             self._live.discard(sb)
-        if present:
+        if sb._slot is not None and sb._slot.detach() is not None:  # detach() answers once: the slot is freed once
             self._pool.release()
 
     def shutdown(self) -> None:

@@ -261,3 +261,14 @@ def test_host_code_parses_python_through_the_locked_parser():
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "ast"):
                 direct.append(f"{rel}:{node.lineno}")
     assert direct == [], f"ast.parse outside tasks/pyast.py (use pyast.parse): {direct}"
+
+
+def test_every_package_folder_is_installed():
+    """pyproject's [tool.setuptools] packages names every folder of the project's packages that holds an
+    __init__.py, so a plain (non-editable) install carries it and the guest programs read from it at run time."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {str(p.parent.relative_to(ROOT)).replace("/", ".") for pkg in LAYERS
+               for p in (ROOT / pkg).rglob("__init__.py")}
+    assert folders - listed == set(), f"package folders pyproject.toml does not install: {sorted(folders - listed)}"

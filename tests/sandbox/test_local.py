@@ -385,3 +385,25 @@ def test_reap_orphans_kills_only_sandbox_processes_whose_owner_is_gone():
         for p in (dead, live, other):
             p.kill()
             p.wait()
+
+
+def test_a_handle_dropped_without_close_frees_its_slot_when_collected():
+    """The backend bounds the sandboxes in use; a handle its caller lost without close() gives its slot back when it
+    is collected, so lost handles cannot wear the bound down until every acquire() waits and fails."""
+    import gc
+
+    b = LocalBackend(SandboxConfig(backend="local"), pool_size=0, max_sandboxes=1, acquire_timeout_s=3)
+    try:
+        sb = b.acquire()
+        holder = sb.holder_pid
+        del sb
+        gc.collect()
+        try:  # its PID 1 ends when its stdin closes with the collected handle; make sure, as close() would
+            os.kill(holder, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        again = b.acquire()  # with the slot still taken this waits 3 s and raises "exhausted"
+        assert again.exec(["true"]).verdict == "ok"
+        again.close()
+    finally:
+        b.shutdown()
