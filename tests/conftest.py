@@ -42,6 +42,41 @@ CI_ALLOWED_SKIP_MARKERS = (
 )
 
 
+# `make test` runs two xdist workers that take one test file at a time, in collection order (--dist loadfile
+# --no-loadscope-reorder). These files go first, the longest first (per-file seconds of a CI run's --durations), so
+# that the run never ends with one worker alone on a 200 s file: longest-processing-time-first scheduling. The other
+# files keep their order after them. tests/test_ci_order.py keeps the list honest (each file exists).
+LONGEST_FILES_FIRST = (
+    "tests/flows/test_kill.py",
+    "tests/flows/test_flywheel.py",
+    "tests/tasks/test_humaneval.py",
+    "tests/warehouse/test_s3_e2e.py",
+    "tests/tasks/test_bfcl.py",
+    "tests/flows/test_promotion_incumbent.py",
+    "tests/flows/test_localserver.py",
+    "tests/tasks/test_audit.py",
+    "tests/flows/test_serve_e2e.py",
+    "tests/training/test_preflight.py",
+    "tests/flows/test_warm.py",
+    "tests/tasks/test_harbor.py",
+    "tests/agents/test_serve.py",
+    "tests/flows/test_ray.py",
+    "tests/training/test_warmup.py",
+    "tests/tasks/test_sandboxed.py",
+    "tests/flows/test_cli.py",
+    "tests/sandbox/test_hostile.py",
+    "tests/warehouse/test_crash.py",
+    "tests/flows/test_workpool_e2e.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):  # noqa: ARG001 - pytest's hook signature
+    """Put the files of LONGEST_FILES_FIRST first, in its order; a stable sort, so every other test keeps its
+    place (and every xdist worker computes the same order, as xdist requires)."""
+    rank = {f: i for i, f in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
