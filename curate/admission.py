@@ -5,8 +5,10 @@ Static checks (no sandbox), `static_reasons(...)`:
 - leaks_test: a line of a tests/ file (at least `min_leak_line` characters, not a comment) is in the instruction;
 - leaks_answer: a number of at least 3 characters from tests/ (any file), or a string or number value of a tests/
   data file (not .sh/.py; JSON keys, paths and names of input files left out), occurs in the instruction;
-- heldout_copy: the candidate, as an episode (its instruction as the user message, its oracle's tool calls), is
-  matched by curate/decontam.py's rules against the held-out tasks (the same rules that clean training rows);
+- heldout_copy: the candidate, as an episode (its instruction and input files as the user message, its oracle's
+  tool calls), is matched by curate/decontam.py's rules against the held-out tasks, indexed with their input files
+  too (`with_files`): the same rules that clean training rows, at the level of tasks, so that two tasks of one
+  template with other data are not copies while a copy with its data is;
 - duplicate: the same rules against the tasks admitted before it (`DuplicateIndex`).
 Audit checks, `audit_reasons(row)` on agents/audit.py's HealthRow (the oracle, the null agent, the perturbed
 oracles, K re-grades): audit_error, oracle_fails, null_passes, flaky, perturbed_<kind>_passes.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from agents.audit import HealthRow
 from curate.config import DecontamConfig
@@ -39,7 +41,7 @@ AUDIT_ERROR = "audit_error"
 ORACLE_FAILS = "oracle_fails"
 NULL_PASSES = "null_passes"
 FLAKY = "flaky"
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?!\w|\.\d)")
 _WS = re.compile(r"\s+")
 
 
@@ -112,11 +114,30 @@ def limit_reasons(draft: TaskDraft, *, max_bytes: int, max_files: int, max_memor
     return [OVER_LIMITS] if over else []
 
 
+def task_text(task: Task) -> str:
+    """What a task asks about: its prompt, then its input files (a Harbor task's environment/files, a code task's
+    workspace), each as `path:` and its text. Two tasks with one template but other data differ here."""
+    files = dict(task.files)
+    h = task.metadata.get("harbor")
+    if isinstance(h, dict):
+        env = Path(h["dir"]) / "environment" / "files"
+        if env.is_dir():
+            files.update({p.relative_to(env).as_posix(): p.read_text(encoding="utf-8", errors="replace")
+                          for p in sorted(env.rglob("*")) if p.is_file()})
+    return "\n\n".join([task.prompt, *(f"{rel}:\n{text}" for rel, text in sorted(files.items()))])
+
+
+def with_files(tasks: list[Task]) -> list[Task]:
+    """The tasks with task_text as their prompt: what the decontamination rules index for task-level matches."""
+    return [t.model_copy(update={"prompt": task_text(t)}) for t in tasks]
+
+
 def as_episode(task: Task) -> Trajectory:
-    """The task as one episode for the decontamination rules: its prompt, then its oracle's tool calls."""
+    """The task as one episode for the decontamination rules: its prompt and input files (task_text) as the user
+    message, then its oracle's tool calls."""
     calls = [ToolCall(id=f"call_{i}", function=FunctionCall(name=s.tool, arguments=json.dumps(s.arguments)))
              for i, s in enumerate(task.reference.steps)]
-    msgs = [Message(role="user", content=task.prompt)]
+    msgs = [Message(role="user", content=task_text(task))]
     if calls:
         msgs.append(Message(role="assistant", content=None, tool_calls=calls))
     msgs.append(Message(role="assistant", content=task.reference.final or "Done."))
@@ -130,11 +151,11 @@ class DuplicateIndex:
 
     def __init__(self, tasks: list[Task], cfg: DecontamConfig):
         self.cfg = cfg
-        self.tasks = list(tasks)
+        self.tasks = with_files(tasks)
         self._dec: Decontaminator | None = None
 
     def add(self, task: Task) -> None:
-        self.tasks.append(task)
+        self.tasks += with_files([task])
         self._dec = None
 
     def match(self, task: Task) -> str | None:

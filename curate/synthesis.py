@@ -37,6 +37,7 @@ from curate.admission import (
     audit_reasons,
     leak_reasons,
     limit_reasons,
+    with_files,
 )
 from curate.config import DecontamConfig
 from curate.decontam import Decontaminator
@@ -150,7 +151,7 @@ def synthesize(candidates: list[Candidate], cfg: SynthesisConfig, *, out: Path, 
     staging = out / f".staging-{synthesis_id}"
     staging.mkdir()
     try:
-        heldout = Decontaminator(load_heldout(cfg), cfg.decontam)
+        heldout = Decontaminator(with_files(load_heldout(cfg)), cfg.decontam)
         rows: dict[str, SynthesisRow] = {}
         tasks: dict[str, Task] = {}
         for c in candidates:
