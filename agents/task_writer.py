@@ -38,7 +38,7 @@ def seed_example(d: TaskDraft) -> dict[str, object]:
 def _request_task(seeds: list[TaskDraft]) -> Task:
     """What the client's reply() is about: the writer's request, as a task without tools."""
     return Task(id="synth/writer-request", suite="synthesis", version="1", split="train",
-                prompt="write a task", tools=[], verifier=VerifierSpec(kind="numeric"),
+                prompt="write a task", tools=[], verifier=VerifierSpec(kind="numeric", answer="0"),
                 reference=ReferenceSolution(final="-"), metadata={"seeds": [s.name for s in seeds]})
 
 
