@@ -159,3 +159,24 @@ def test_audit_figures_become_reason_codes():
     survived = {**base, "mutants_killed": 2, "mutant_survivors": ["partial_work"]}
     assert audit_reasons(HealthRow(**survived, oracle_pass=True, null_pass=False)) == ["perturbed_partial_work_passes"]
     assert audit_reasons(HealthRow(**base, oracle_pass=True, null_pass=False, error="boom")) == ["audit_error"]
+
+
+def test_the_report_has_the_funnel_and_cost_per_writer(tmp_path):
+    from warehouse.lake import write_rows
+    from warehouse.report import build_report
+
+    root = str(tmp_path / "lake")
+    base = {"synthesis_id": "s1", "family": "ledger", "writer": "reference", "decision": "refused", "build_s": 1.0,
+            "audit_s": 9.0}
+    write_rows(root, "task_synthesis", [
+        {**base, "candidate_id": "a", "decision": "admitted", "reason_codes": []},
+        {**base, "candidate_id": "b", "reason_codes": ["oracle_fails", "flaky"]},
+        {**base, "candidate_id": "c", "reason_codes": ["flaky"]},
+        {**base, "candidate_id": "d", "writer": "openai", "family": "openai", "reason_codes": ["malformed_reply"],
+         "prompt_tokens": 100, "completion_tokens": 50, "writer_usd": 0.25, "audit_s": 0.0}])
+    md = build_report(root, "run1").markdown
+    assert "## Task factory (flywheel tasks synthesize)" in md
+    assert "| reference | ledger | admitted | 1 |" in md and "| reference | ledger | flaky | 2 |" in md
+    assert "| reference | ledger | oracle_fails | 1 |" in md and "| openai | openai | malformed_reply | 1 |" in md
+    assert "| reference | 3 | 1 | 0.3333 | 0 | 0.0 | 0.0 | 30.0 |" in md, md
+    assert "| openai | 1 | 0 | 0.0 | 150 | 0.25 | None | None |" in md, md
