@@ -21,9 +21,12 @@ import json
 import re
 from pathlib import Path, PurePosixPath
 
+from datasketch import MinHash, MinHashLSH
+
 from agents.audit import HealthRow
 from curate.config import DecontamConfig
 from curate.decontam import Decontaminator
+from curate.normalise import grams, tokens
 from tasks.factory.draft import TaskDraft
 from tasks.spec import Task
 from warehouse.record import FunctionCall, Message, ToolCall, Trajectory
@@ -43,6 +46,7 @@ NULL_PASSES = "null_passes"
 FLAKY = "flaky"
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?!\w|\.\d)")
 _WS = re.compile(r"\s+")
+_LSH_SEED = 3
 
 
 def _norm(text: str) -> str:
@@ -147,23 +151,41 @@ def as_episode(task: Task) -> Trajectory:
 
 
 class DuplicateIndex:
-    """Tasks admitted so far; `match(task)` names the first that the decontamination rules say the task copies."""
+    """Tasks admitted so far; `match(task)` names the first that the decontamination rules say the task copies.
 
-    def __init__(self, tasks: list[Task], cfg: DecontamConfig):
+    The rules are checked against the task's near neighbours only: a MinHash/LSH over 3-token shingles of each
+    task_text with a low Jaccard threshold (`prefilter`, far below the rules' own) proposes them, and a
+    Decontaminator over those decides. Rebuilding the rules' index over every admitted task for each candidate
+    was quadratic (100 ledger candidates: 88 s here); a task nothing resembles is now one LSH query."""
+
+    def __init__(self, tasks: list[Task], cfg: DecontamConfig, *, prefilter: float = 0.3, num_perm: int = 64):
         self.cfg = cfg
-        self.tasks = with_files(tasks)
-        self._dec: Decontaminator | None = None
+        self.num_perm = num_perm
+        self.lsh = MinHashLSH(threshold=prefilter, num_perm=num_perm)
+        self.indexed: dict[str, Task] = {}
+        self._hashes: dict[str, MinHash] = {}  # a candidate's, from match() to add()
+        for t in tasks:
+            self.add(t)
+
+    def _minhash(self, task: Task) -> MinHash:
+        if task.id not in self._hashes:
+            sh = grams(tokens(task_text(task)), 3) or {("",)}
+            self._hashes[task.id] = next(iter(MinHash.bulk([[" ".join(g).encode() for g in sh]],
+                                                           num_perm=self.num_perm, seed=_LSH_SEED)))
+        return self._hashes[task.id]
 
     def add(self, task: Task) -> None:
-        self.tasks += with_files([task])
-        self._dec = None
+        if task.id not in self.indexed:
+            self.indexed[task.id] = with_files([task])[0]
+            self.lsh.insert(task.id, self._minhash(task))
+        self._hashes.pop(task.id, None)
 
     def match(self, task: Task) -> str | None:
-        if not self.tasks:
+        near = sorted(self.lsh.query(self._minhash(task)))
+        if not near:
             return None
-        if self._dec is None:
-            self._dec = Decontaminator(self.tasks, self.cfg)
-        hit = self._dec.match(as_episode(task).model_copy(update={"task_id": f"candidate:{task.id}"}))
+        hit = Decontaminator([self.indexed[i] for i in near], self.cfg).match(
+            as_episode(task).model_copy(update={"task_id": f"candidate:{task.id}"}))
         return hit.heldout_id if hit else None
 
 
