@@ -234,6 +234,8 @@ def tasks_synthesize(
     seeds: Annotated[str | None, typer.Option(
         help="openai writer: a Harbor folder of seed tasks (default: 2 tasks of the reference family).")] = None,
     max_tokens: Annotated[int, typer.Option(help="openai writer: max completion tokens per task.")] = 4096,
+    prompt_price: Annotated[float, typer.Option(help="openai writer: USD per 1M prompt tokens.")] = 0.0,
+    completion_price: Annotated[float, typer.Option(help="openai writer: USD per 1M completion tokens.")] = 0.0,
     no_lake: Annotated[bool, typer.Option("--no-lake", help="Write no task_synthesis rows.")] = False,
 ) -> None:
     """Write N candidate tasks (reference family or an OpenAI-compatible writer) and admit only those whose verifier
@@ -268,7 +270,17 @@ def tasks_synthesize(
         cands = [Candidate(candidate_id=f"ledger-{seed}-{d.metadata['index']}", writer="reference", family=FAMILY,
                            draft=d) for d in ledger_drafts(n, seed=seed, start=start)]
     else:
-        cands = _openai_candidates(base_url, model, seeds, n=n, seed=seed, max_tokens=max_tokens)
+        from pydantic import ValidationError
+
+        from agents.config import PolicyConfig, PriceTable
+
+        try:
+            policy_cfg = PolicyConfig(kind="openai", name="task-writer", base_url=base_url, model=model, seed=seed,
+                                      max_tokens=max_tokens, price=PriceTable(prompt_per_1m=prompt_price,
+                                                                              completion_per_1m=completion_price))
+        except ValidationError as e:
+            raise UsageError(f"--writer openai: {e.errors()[0]['msg']}") from None
+        cands = _openai_candidates(policy_cfg, seeds, n=n)
     try:
         with open_backend(SandboxConfig(backend="docker"), pool_size=max(2, min(2 * workers, 8))) as be:
             res = synthesize(cands, cfg, out=out, backend=be, synthesis_id=sid)
@@ -296,21 +308,18 @@ def tasks_synthesize(
     print(f"admitted {len(res.admitted)} of {len(res.rows)} to {out}")
 
 
-def _openai_candidates(base_url: str | None, model: str | None, seeds: str | None, *, n: int, seed: int,
-                       max_tokens: int) -> list:
-    """The openai writer's candidates; UsageError for a missing or unreachable endpoint, or bad seeds."""
-    import os
-
+def _openai_candidates(policy_cfg, seeds: str | None, *, n: int) -> list:
+    """The openai writer's candidates (the project's OpenAI client, built from `policy_cfg`: its retries, timeouts
+    and prices); UsageError for an unreachable endpoint or bad seeds."""
+    from agents.config import build_policy
     from agents.openai_policy import OpenAIPolicy, check_endpoint
     from agents.policy import EndpointError
     from agents.task_writer import write_candidates
     from tasks.factory.draft import read_folder
     from tasks.factory.ledger import ledger_drafts
 
-    if not base_url or not model:
-        raise UsageError("--writer openai needs --base-url URL and --model NAME (an OpenAI-compatible endpoint)")
     try:
-        check_endpoint(base_url, model)
+        check_endpoint(policy_cfg.base_url, policy_cfg.model)
     except EndpointError as e:
         raise UsageError(f"the writer's endpoint is not usable: {e}") from None
     if seeds:
@@ -321,7 +330,10 @@ def _openai_candidates(base_url: str | None, model: str | None, seeds: str | Non
             raise UsageError(f"--seeds {seeds} holds no Harbor task folder (task.toml); pass a folder of them")
         seed_drafts = [read_folder(d) for d in dirs]
     else:
-        seed_drafts = ledger_drafts(2, seed=seed)
-    policy = OpenAIPolicy(base_url=base_url, model=model, api_key=os.environ.get("OPENAI_API_KEY"),
-                          temperature=0.7, max_tokens=max_tokens, seed=seed, max_retries=2)
+        seed_drafts = ledger_drafts(2, seed=policy_cfg.seed)
+    policy = build_policy(policy_cfg)
+    assert isinstance(policy, OpenAIPolicy)
+    # build_policy leaves the client's seed unset; the writer's request i carries seed + i, so an endpoint that
+    # honours seeds proposes the same tasks again for the same --seed
+    policy.seed = policy_cfg.seed
     return write_candidates(policy, seed_drafts, n=n)

@@ -71,7 +71,7 @@ def test_openai_writer_planted_proposals_each_get_their_reason(tmp_path):
     out, lake = tmp_path / "synth", tmp_path / "lake"
     with PlantedWriter(proposals(held)) as server:
         r = flywheel("tasks", "synthesize", "--writer", "openai", "--base-url", server.url, "--model", "planted",
-                     "--n", "7", "--k", "3", "--heldout", str(held.parent), "--out", str(out), "--root", str(lake))
+                     "--n", "7", "--k", "3", "--prompt-price", "2", "--completion-price", "8", "--heldout", str(held.parent), "--out", str(out), "--root", str(lake))
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     assert len(server.requests) == 7 and all(b["model"] == "planted" for b in server.requests)
     rows = {x["candidate_id"]: x for x in sql(lake, "SELECT * FROM task_synthesis")}
@@ -89,8 +89,10 @@ def test_openai_writer_planted_proposals_each_get_their_reason(tmp_path):
     assert got["openai-6"] == ("refused", ["malformed_reply"]), got
     assert "not JSON" in rows["openai-6"]["detail"]
     assert [p.name for p in out.iterdir()] == ["count-error-lines"]
-    assert all(rows[f"openai-{i}"]["prompt_tokens"] == 100 + i and rows[f"openai-{i}"]["completion_tokens"] == 50
-               for i in range(7))
+    for i in range(7):  # every reply's tokens and price (USD per 1M tokens: 2 prompt, 8 completion), parsed or not
+        x = rows[f"openai-{i}"]
+        assert (x["prompt_tokens"], x["completion_tokens"]) == (100 + i, 50)
+        assert x["writer_usd"] == pytest.approx(((100 + i) * 2 + 50 * 8) / 1e6)
     assert rows["openai-0"]["seed_tasks"] == ["ledger-0-0", "ledger-0-1"] and rows["openai-0"]["writer"] == "openai"
     assert "funnel: admitted 1" in r.stdout and "malformed_reply 1" in r.stdout
 
