@@ -247,8 +247,8 @@ def tasks_synthesize(
     from rich.console import Console
     from rich.table import Table
 
-    from curate.synthesis import SynthesisConfig, synthesize
-    from sandbox.backend import open_backend
+    from curate.synthesis import SynthesisConfig, load_heldout, synthesize
+    from sandbox.backend import check_backend, open_backend
     from sandbox.result import SandboxConfig
     from tasks.factory.draft import Candidate
     from tasks.factory.ledger import FAMILY, ledger_drafts
@@ -266,6 +266,9 @@ def tasks_synthesize(
     except ValueError as e:
         raise UsageError(f"bad option: {e}") from None
     sid = f"synth-{uuid.uuid4().hex[:12]}"
+    # before any writer request is paid for: the engine Harbor tasks need, and the held-out sources
+    check_backend(SandboxConfig(backend="docker"))
+    load_heldout(cfg)
     if writer == "reference":
         cands = [Candidate(candidate_id=f"ledger-{seed}-{d.metadata['index']}", writer="reference", family=FAMILY,
                            draft=d) for d in ledger_drafts(n, seed=seed, start=start)]

@@ -6,7 +6,7 @@
 - openai writer: a loopback test double (tests/tasks/planted_writer.py) answers seven planted proposals, each
   admitted or refused with its reason code (sound; oracle fails; null agent passes; a coin-flip test; the answer in
   the instruction; a copy of a held-out task; malformed JSON), tokens recorded per candidate;
-- bad input (no endpoint, an endpoint that is not there) is one line and exit 2, nothing written.
+- bad input (no endpoint, an endpoint that is not there, an unknown held-out suite) is one line and exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_openai_writer_planted_proposals_each_get_their_reason(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     out, lake = tmp_path / "synth", tmp_path / "lake"
-    for args, words in [(("--writer", "openai"), "--base-url"),
+    for args, words in [(("--writer", "openai"), "--base-url"), (("--heldout", "no-such-suite"), "no-such-suite"),
                         (("--writer", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--model", "m"),
                          "cannot reach")]:
         r = flywheel("tasks", "synthesize", *args, "--out", str(out), "--root", str(lake), timeout=120)
