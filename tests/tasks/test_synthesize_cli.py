@@ -71,7 +71,7 @@ def test_openai_writer_planted_proposals_each_get_their_reason(tmp_path):
     out, lake = tmp_path / "synth", tmp_path / "lake"
     with PlantedWriter(proposals(held)) as server:
         r = flywheel("tasks", "synthesize", "--writer", "openai", "--base-url", server.url, "--model", "planted",
-                     "--n", "7", "--k", "3", "--prompt-price", "2", "--completion-price", "8", "--heldout", str(held.parent), "--out", str(out), "--root", str(lake))
+                     "--n", "7", "--k", "2", "--workers", "4", "--prompt-price", "2", "--completion-price", "8", "--heldout", str(held.parent), "--out", str(out), "--root", str(lake))
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     assert len(server.requests) == 7 and all(b["model"] == "planted" for b in server.requests)
     rows = {x["candidate_id"]: x for x in sql(lake, "SELECT * FROM task_synthesis")}
@@ -80,7 +80,8 @@ def test_openai_writer_planted_proposals_each_get_their_reason(tmp_path):
     assert got["openai-1"] == ("refused", ["oracle_fails"]), got
     assert got["openai-2"][0] == "refused" and got["openai-2"][1][0] == "null_passes", got
     assert "perturbed_wrong_value_passes" in got["openai-2"][1]  # a test that always passes lets them all through
-    # a test that passes 1 time in 8: refused as flaky, or as failing the oracle when every grading failed
+    # a test that passes 1 time in 16: refused as flaky, or as failing the oracle when every grading failed (it is
+    # admitted only when the oracle and both re-grades all pass: 1 in 4,096)
     assert got["openai-3"][0] == "refused" and set(got["openai-3"][1]) <= {"oracle_fails", "flaky"}, got
     assert got["openai-3"][1], got
     assert got["openai-4"] == ("refused", ["leaks_answer"]), got
