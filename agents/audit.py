@@ -8,7 +8,9 @@
   verifier.solution_path and names an entry point): tasks/humaneval.py's deterministic ast mutants of that file,
   each judged as an episode that writes the mutant and stops -- each should fail (mutant_kill_rate: the share
   that fail; None where there are none, e.g. Harbor's shell oracles); a BFCL task's mutants are the oracle's
-  episode with one call left out (tasks.bfcl.dropped_calls);
+  episode with one call left out (tasks.bfcl.dropped_calls); with `perturb=True`, a Harbor task's mutants are its
+  perturbed oracles (tasks/factory/perturb.py: wrong value, missing file, partial work), judged only when the
+  oracle passes; `mutant_survivors` names the mutants that passed;
 - K re-grades of the oracle's final state: the oracle's messages judged again K times (code and Harbor tasks:
   replayed in a fresh sandbox each time); flake_rate is the share of re-grades whose pass/fail differs from the
   oracle episode's own verdict.
@@ -65,6 +67,9 @@ class HealthRow(BaseModel):
     n_mutants: int
     mutants_killed: int
     mutant_kill_rate: float | None = Field(description="Share of mutants that fail; None when the task has none.")
+    mutant_survivors: list[str] = Field(default_factory=list,
+                                        description="The mutants that passed (kinds of perturbed oracles, or "
+                                                    "mutant-<i>).")
     k_regrades: int
     flake_rate: float
     wall_s: float
@@ -88,7 +93,16 @@ def oracle_mutants(task: Task) -> list[str]:
         return []
 
 
-def audit_task(task: Task, backend: Backend, *, k: int = 3, max_turns: int = 8) -> HealthRow:
+def _variants(task: Task, oracle_messages: list[Message], oracle_pass: bool) -> dict[str, list[Message]]:
+    """name -> the messages of each mutant of the task's oracle episode."""
+    if task.verifier.kind == "bfcl":  # its mutants: the oracle's episode with one call left out
+        from tasks.bfcl import dropped_calls
+
+        return {f"dropped-call-{i}": v for i, v in enumerate(dropped_calls(oracle_messages) if oracle_pass else [])}
+    return {f"mutant-{i}": episode_messages(task, s) for i, s in enumerate(oracle_mutants(task))}
+
+
+def audit_task(task: Task, backend: Backend, *, k: int = 3, max_turns: int = 8, perturb: bool = False) -> HealthRow:
     """Audit one task's verifier (see the module docstring)."""
     t0 = time.perf_counter()
     base: dict[str, Any] = {"task_id": task.id, "suite": task.suite, "task_version": task.version,
@@ -100,27 +114,30 @@ def audit_task(task: Task, backend: Backend, *, k: int = 3, max_turns: int = 8) 
               ("null", null)) if r.verdict == "infra_error"]
     oracle_pass = oracle.verdict == "pass"
     try:
-        if task.verifier.kind == "bfcl":  # its mutants: the oracle's episode with one call left out
-            from tasks.bfcl import dropped_calls
+        if task.verifier.kind == "harbor" and perturb:  # judged from one oracle run (tasks/factory/perturb.py)
+            from tasks.factory.perturb import judge_perturbed
 
-            variants = dropped_calls(oracle.messages) if oracle_pass else []
+            passed = judge_perturbed(task, backend) if oracle_pass else {}
+            sources, survivors = list(passed), [kind for kind, ok in passed.items() if ok]
         else:
-            variants = [episode_messages(task, s) for s in oracle_mutants(task)]
-        sources = variants
-        killed = sum(verify(task, v, backend=backend).verdict != "pass" for v in variants)
+            variants = _variants(task, oracle.messages, oracle_pass)
+            sources = list(variants)
+            survivors = [name for name, v in variants.items() if verify(task, v, backend=backend).verdict == "pass"]
+        killed = len(sources) - len(survivors)
         regrades = [verify(task, oracle.messages, backend=backend).verdict == "pass" for _ in range(k)]
     except VerifierUnavailable as e:
         errors.append(f"regrade: {e}")
-        sources, killed, regrades = [], 0, []
+        sources, survivors, killed, regrades = [], [], 0, []
     return HealthRow(**base, oracle_pass=oracle_pass, null_pass=null.verdict == "pass", n_mutants=len(sources),
                      mutants_killed=killed, mutant_kill_rate=killed / len(sources) if sources else None,
+                     mutant_survivors=survivors,
                      k_regrades=len(regrades),
                      flake_rate=sum(g != oracle_pass for g in regrades) / len(regrades) if regrades else 0.0,
                      wall_s=round(time.perf_counter() - t0, 3), error="; ".join(errors) or None)
 
 
 def audit_tasks(tasks: list[Task], backend: Backend, *, k: int = 3, workers: int = 4,
-                max_turns: int = 8) -> list[HealthRow]:
+                max_turns: int = 8, perturb: bool = False) -> list[HealthRow]:
     """audit_task over `tasks`, `workers` at once; rows in the tasks' order."""
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda t: audit_task(t, backend, k=k, max_turns=max_turns), tasks))
+        return list(pool.map(lambda t: audit_task(t, backend, k=k, max_turns=max_turns, perturb=perturb), tasks))

@@ -1,7 +1,7 @@
 """The `flywheel` commands about tasks and their judging: `verify` (re-judge trajectories) and the `tasks` group
-(`list`, `show`, `validate`, `export`, `import`, `audit`).
+(`list`, `show`, `validate`, `export`, `import`, `audit`, `synthesize`).
 
-Thin wiring over tasks/cli.py, agents/audit.py and curate/health.py, with tables printed by rich; no Prefect
+Thin wiring over tasks/cli.py, agents/audit.py, curate/health.py and curate/synthesis.py, with tables printed by rich; no Prefect
 server. flows/cli.py registers these commands on the app.
 """
 
@@ -20,7 +20,8 @@ from flows.cli_options import (
 )
 
 tasks_app = typer.Typer(no_args_is_help=True,
-                        help="Built-in suites and task files: list, show, validate, export, import, audit.")
+                        help="Built-in suites and task files: list, show, validate, export, import, audit, "
+                             "synthesize.")
 
 
 def verify(
@@ -212,3 +213,130 @@ def tasks_audit(
     if not no_lake:
         path = write_rows(root, "verifier_health", [r.model_dump() for r in rows])
         print(f"wrote {len(rows)} verifier_health row(s) to {path}")
+
+
+@tasks_app.command("synthesize")
+def tasks_synthesize(
+    out: Annotated[Path, typer.Option(help="Folder the admitted tasks are written to (one Harbor folder each).")],
+    root: Root = "runs/default",
+    writer: Annotated[str, typer.Option(help="reference (the procedural ledger family, offline) or openai.")]
+    = "reference",
+    n: Annotated[int, typer.Option(help="Candidates to write and judge.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the reference family (candidate i depends on seed, i).")] = 0,
+    start: Annotated[int, typer.Option(help="First candidate index of the reference family.")] = 0,
+    k: Annotated[int, typer.Option(help="Re-grades of the oracle's final state (flakiness).")] = 3,
+    workers: Annotated[int, typer.Option(help="Candidates audited at once.")] = 2,
+    heldout: Annotated[list[str] | None, typer.Option(
+        help="A suite, task file or Harbor folder whose held-out tasks no candidate may copy (repeatable; default: "
+             "arithmetic, code, mathword).")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="openai writer: the endpoint URL.")] = None,
+    model: Annotated[str | None, typer.Option(help="openai writer: the served model name.")] = None,
+    seeds: Annotated[str | None, typer.Option(
+        help="openai writer: a Harbor folder of seed tasks (default: 2 tasks of the reference family).")] = None,
+    max_tokens: Annotated[int, typer.Option(help="openai writer: max completion tokens per task.")] = 4096,
+    prompt_price: Annotated[float, typer.Option(help="openai writer: USD per 1M prompt tokens.")] = 0.0,
+    completion_price: Annotated[float, typer.Option(help="openai writer: USD per 1M completion tokens.")] = 0.0,
+    no_lake: Annotated[bool, typer.Option("--no-lake", help="Write no task_synthesis rows.")] = False,
+) -> None:
+    """Write N candidate tasks (reference family or an OpenAI-compatible writer) and admit only those whose verifier
+    is healthy: it builds, the oracle passes on every re-grade, a null agent and the perturbed oracles fail, the
+    instruction leaks neither the test nor the answer, no held-out task or admitted task is copied, the limits hold.
+    Admitted tasks go to OUT as Harbor folders; one task_synthesis row per candidate goes to the lake."""
+    import uuid
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from curate.synthesis import SynthesisConfig, load_heldout, synthesize
+    from sandbox.backend import check_backend, open_backend
+    from sandbox.result import SandboxConfig
+    from tasks.factory.draft import Candidate
+    from tasks.factory.ledger import FAMILY, ledger_drafts
+    from warehouse.lake import write_rows
+
+    if n < 1 or k < 1 or workers < 1 or start < 0:
+        raise UsageError(f"--n, --k and --workers must be at least 1 and --start at least 0 (got n={n}, k={k}, "
+                         f"workers={workers}, start={start})")
+    if writer not in ("reference", "openai"):
+        raise UsageError(f"unknown writer {writer!r}; choose --writer reference or --writer openai")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; pass a folder (it is created when missing)")
+    try:
+        cfg = SynthesisConfig(k=k, workers=workers, **({"heldout": heldout} if heldout else {}))
+    except ValueError as e:
+        raise UsageError(f"bad option: {e}") from None
+    sid = f"synth-{uuid.uuid4().hex[:12]}"
+    # before any writer request is paid for: the engine Harbor tasks need, and the held-out sources
+    check_backend(SandboxConfig(backend="docker"))
+    load_heldout(cfg)
+    if writer == "reference":
+        cands = [Candidate(candidate_id=f"ledger-{seed}-{d.metadata['index']}", writer="reference", family=FAMILY,
+                           draft=d) for d in ledger_drafts(n, seed=seed, start=start)]
+    else:
+        from pydantic import ValidationError
+
+        from agents.config import PolicyConfig, PriceTable
+
+        try:
+            policy_cfg = PolicyConfig(kind="openai", name="task-writer", base_url=base_url, model=model, seed=seed,
+                                      max_tokens=max_tokens, price=PriceTable(prompt_per_1m=prompt_price,
+                                                                              completion_per_1m=completion_price))
+        except ValidationError as e:
+            raise UsageError(f"--writer openai: {e.errors()[0]['msg']}") from None
+        cands = _openai_candidates(policy_cfg, seeds, n=n)
+    try:
+        with open_backend(SandboxConfig(backend="docker"), pool_size=max(2, min(2 * workers, 8))) as be:
+            res = synthesize(cands, cfg, out=out, backend=be, synthesis_id=sid)
+    finally:
+        from tasks.harbor import shutdown
+
+        shutdown()
+    t = Table(title=f"{len(res.rows)} candidate(s), {len(res.admitted)} admitted ({sid})")
+    for col in ("candidate", "decision", "reasons", "oracle", "null", "perturbed killed", "flake", "audit s"):
+        t.add_column(col)
+    for r in res.rows:
+        t.add_row(r.candidate_id, r.decision, ", ".join(r.reason_codes) or "-",
+                  "-" if r.oracle_pass is None else ("pass" if r.oracle_pass else "FAIL"),
+                  "-" if r.null_pass is None else ("PASS" if r.null_pass else "fail"),
+                  "-" if r.n_perturbed is None else f"{r.perturbed_killed}/{r.n_perturbed}",
+                  "-" if r.flake_rate is None else f"{r.flake_rate:.2f}", f"{r.audit_s:.1f}")
+    Console(width=160).print(t)
+    print("funnel: " + ", ".join(f"{code} {c}" for code, c in sorted(res.funnel().items())))
+    for r in res.rows:
+        if r.reason_codes:
+            print(f"refused {r.candidate_id}: {', '.join(r.reason_codes)}" + (f" ({r.detail})" if r.detail else ""))
+    if not no_lake:
+        path = write_rows(root, "task_synthesis", [r.model_dump() for r in res.rows])
+        print(f"wrote {len(res.rows)} task_synthesis row(s) to {path}")
+    print(f"admitted {len(res.admitted)} of {len(res.rows)} to {out}")
+
+
+def _openai_candidates(policy_cfg, seeds: str | None, *, n: int) -> list:
+    """The openai writer's candidates (the project's OpenAI client, built from `policy_cfg`: its retries, timeouts
+    and prices); UsageError for an unreachable endpoint or bad seeds."""
+    from agents.config import build_policy
+    from agents.openai_policy import OpenAIPolicy, check_endpoint
+    from agents.policy import EndpointError
+    from agents.task_writer import write_candidates
+    from tasks.factory.draft import read_folder
+    from tasks.factory.ledger import ledger_drafts
+
+    try:
+        check_endpoint(policy_cfg.base_url, policy_cfg.model)
+    except EndpointError as e:
+        raise UsageError(f"the writer's endpoint is not usable: {e}") from None
+    if seeds:
+        folder = Path(seeds)
+        dirs = [folder] if (folder / "task.toml").is_file() else sorted(
+            p for p in folder.iterdir() if (p / "task.toml").is_file()) if folder.is_dir() else []
+        if not dirs:
+            raise UsageError(f"--seeds {seeds} holds no Harbor task folder (task.toml); pass a folder of them")
+        seed_drafts = [read_folder(d) for d in dirs]
+    else:
+        seed_drafts = ledger_drafts(2, seed=policy_cfg.seed)
+    policy = build_policy(policy_cfg)
+    assert isinstance(policy, OpenAIPolicy)
+    # build_policy leaves the client's seed unset; the writer's request i carries seed + i, so an endpoint that
+    # honours seeds proposes the same tasks again for the same --seed
+    policy.seed = policy_cfg.seed
+    return write_candidates(policy, seed_drafts, n=n)

@@ -9,6 +9,8 @@ Views (each exists, possibly empty, even before any file is written):
   datasets, manifests, rounds, checkpoints   side tables (latest row per key for datasets/rounds/checkpoints)
   verifier_health                            per task: oracle/null/mutant/flake figures of `flywheel tasks audit`
                                              (latest row per task id, task version, verifier version)
+  task_synthesis                             per candidate of `flywheel tasks synthesize`: writer, decision,
+                                             reason codes, audit figures, cost
 
 Before the views are built every data file is checked (integrity.py: magic bytes and footer length on each
 connect, a full footer parse once per file). A bad file is moved to ROOT/quarantine/ with a .reason.txt beside

@@ -6,7 +6,8 @@ round (incumbent, SFT, GRPO and the student that went on, greedy and sampled); i
 (greedy and sampled held-out pass@1, the SFT-only control) and GRPO's reward and hack rate per step (from its own
 episodes, stage grpo). Tables: held-out pass rate, the SFT-only control and GRPO's steps (runs with GRPO), the
 verifier health of the run's tasks per suite (from `flywheel tasks audit`'s verifier_health rows, when there are
-any), all round metrics. Written to ROOT/runs/RUN_ID/report/ (local roots; a remote root gets its report in a
+any), the task factory's funnel and cost per writer (every task_synthesis row of the lake, when there are any: the
+factory is not tied to a run), all round metrics. Written to ROOT/runs/RUN_ID/report/ (local roots; a remote root gets its report in a
 local folder named in the result). Reads only; trains nothing.
 """
 
@@ -204,6 +205,32 @@ def health_table(root: str, run_id: str) -> list[dict[str, Any]]:
         GROUP BY suite ORDER BY suite""", [run_id]).to_pylist()
 
 
+def synthesis_funnel(root: str) -> list[dict[str, Any]]:
+    """Per writer and family, candidates admitted and refused by each reason code (a candidate refused for several
+    reasons counts under each), from every task_synthesis row of the lake."""
+    return query(root, """
+        SELECT writer, family, outcome, COUNT(*) AS candidates FROM (
+            SELECT writer, family, 'admitted' AS outcome FROM task_synthesis WHERE decision = 'admitted'
+            UNION ALL
+            SELECT writer, family, unnest(reason_codes) AS outcome FROM task_synthesis WHERE decision = 'refused')
+        GROUP BY writer, family, outcome
+        ORDER BY writer, family, outcome = 'admitted' DESC, candidates DESC, outcome""").to_pylist()
+
+
+def synthesis_cost(root: str) -> list[dict[str, Any]]:
+    """Per writer: candidates, admitted, yield, writer tokens and USD, USD and audit seconds per admitted task."""
+    return query(root, """
+        SELECT writer, COUNT(*) AS candidates, SUM((decision = 'admitted')::INTEGER) AS admitted,
+               round(AVG((decision = 'admitted')::INTEGER), 4) AS yield,
+               SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)) AS writer_tokens,
+               round(SUM(COALESCE(writer_usd, 0)), 4) AS writer_usd,
+               round(SUM(COALESCE(writer_usd, 0)) / NULLIF(SUM((decision = 'admitted')::INTEGER), 0), 4)
+                   AS usd_per_admitted,
+               round(SUM(COALESCE(build_s, 0) + COALESCE(audit_s, 0)) / NULLIF(SUM((decision = 'admitted')::INTEGER), 0), 2)
+                   AS build_audit_s_per_admitted
+        FROM task_synthesis GROUP BY writer ORDER BY writer""").to_pylist()
+
+
 def _folder(root: str, run_id: str) -> Path:
     if "://" in root and not root.startswith("file://"):
         return Path("runs") / "reports" / run_id
@@ -336,6 +363,9 @@ def build_report(root: str, run_id: str) -> Report:
     health = health_table(str(root), run_id)
     if health:
         md += ["## Verifier health (flywheel tasks audit)\n", _md_table(health)]
+    funnel, cost = synthesis_funnel(str(root)), synthesis_cost(str(root))
+    if funnel:
+        md += ["## Task factory (flywheel tasks synthesize)\n", _md_table(cost), _md_table(funnel)]
     md += ["## All round metrics\n", _md_table([{k: r[k] for k in ("round", "stage", "subject", "split", "suite",
                                                                     "metric", "value")} for r in other])]
     markdown = "\n".join(md)
@@ -348,6 +378,8 @@ def build_report(root: str, run_id: str) -> Report:
     body += "".join(f'<figure><img src="{n}" alt="{n}"></figure>' for n in plots)
     if health:
         body += f"<h2>Verifier health (flywheel tasks audit)</h2>{_html_table(health)}"
+    if funnel:
+        body += f"<h2>Task factory (flywheel tasks synthesize)</h2>{_html_table(cost)}{_html_table(funnel)}"
     body += f"<h2>All round metrics</h2>{_html_table(other)}"
     (folder / "report.html").write_text(
         f"<!doctype html><meta charset=utf-8><title>flywheel {html.escape(run_id)}</title>"

@@ -1,5 +1,5 @@
 """Schemas of the lake's side tables (datasets, snapshot manifests, rounds, checkpoints,
-verifier_health) and the lake layout names.
+verifier_health, task_synthesis) and the lake layout names.
 
 Trajectories have their schema in record.py; this module holds the others, as pyarrow schemas, with one dict
 that maps each table name to its schema, folder and de-duplication key. It does not read or write files.
@@ -82,10 +82,39 @@ VERIFIER_HEALTH_SCHEMA = pa.schema(
         ("n_mutants", pa.int32()),
         ("mutants_killed", pa.int32()),
         ("mutant_kill_rate", pa.float64()),  # null: the task has no code to mutate
+        ("mutant_survivors", pa.list_(pa.string())),  # the mutants that passed
         ("k_regrades", pa.int32()),
         ("flake_rate", pa.float64()),
         ("wall_s", pa.float64()),
         ("error", pa.string()),
+        ("created_at", _TS),
+    ]
+)
+
+TASK_SYNTHESIS_SCHEMA = pa.schema(
+    [
+        ("synthesis_id", pa.string()),
+        ("candidate_id", pa.string()),
+        ("writer", pa.string()),  # reference | openai
+        ("family", pa.string()),
+        ("task_id", pa.string()),  # null: the writer's reply was no task
+        ("decision", pa.string()),  # admitted | refused
+        ("reason_codes", pa.list_(pa.string())),
+        ("detail", pa.string()),
+        ("folder", pa.string()),
+        ("seed_tasks", pa.list_(pa.string())),
+        ("oracle_pass", pa.bool_()),
+        ("null_pass", pa.bool_()),
+        ("k_regrades", pa.int32()),
+        ("flake_rate", pa.float64()),
+        ("n_perturbed", pa.int32()),
+        ("perturbed_killed", pa.int32()),
+        ("prompt_tokens", pa.int64()),  # the writer's
+        ("completion_tokens", pa.int64()),
+        ("writer_usd", pa.float64()),
+        ("writer_s", pa.float64()),
+        ("build_s", pa.float64()),
+        ("audit_s", pa.float64()),
         ("created_at", _TS),
     ]
 )
@@ -97,6 +126,7 @@ SIDE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...], str]] = {
     "rounds": (ROUNDS_SCHEMA, ("run_id", "round", "stage", "subject", "split", "suite", "metric"), "created_at"),
     "checkpoints": (CHECKPOINTS_SCHEMA, ("checkpoint_id",), "created_at"),
     "verifier_health": (VERIFIER_HEALTH_SCHEMA, ("task_id", "task_version", "verifier_version"), "created_at"),
+    "task_synthesis": (TASK_SYNTHESIS_SCHEMA, ("synthesis_id", "candidate_id"), "created_at"),
 }
 
 # Columns that must never be null in a side-table row (a write without them is refused).
@@ -106,6 +136,7 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "checkpoints": ("checkpoint_id", "run_id", "path"),
     "manifests": ("snapshot_id", "trajectory_id"),
     "verifier_health": ("task_id", "task_version", "verifier_version", "oracle_pass", "null_pass", "flake_rate"),
+    "task_synthesis": ("synthesis_id", "candidate_id", "writer", "decision", "reason_codes"),
 }
 
 TRAJECTORIES_DIR = "trajectories"

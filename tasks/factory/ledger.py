@@ -1,0 +1,177 @@
+"""The reference writer's family `ledger`: multi-step shell and file work, procedurally generated.
+
+Each task puts a folder of CSV files (in subfolders, beside distractor files that are not CSV) under /app and asks
+the agent to explore it, read every CSV file, keep the rows whose key column holds one value, aggregate a value
+column (sum, count, max or min) per file or per subfolder, and write the result in one of three formats (a JSON
+object, a CSV table sorted by group, or `group: value` lines largest first) to a given path. Folder, subfolder and
+file names, column names and order, delimiter, data values, the key value, aggregate, grouping, output path and
+format and the instruction's wording all vary: with the vocabularies below, many millions of distinct tasks.
+`ledger_drafts(n, seed=...)` is deterministic: candidate i depends on (seed, i) only.
+The oracle (guest/ledger_solve.py) and the check (guest/ledger_check.py, with the expected output in
+tests/expected.json, never in the instruction) are real modules, copied into each folder with test.sh and
+solve.sh. This module writes no folder (tasks/factory/draft.py does) and admits nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from tasks.factory.draft import TaskDraft
+
+FAMILY = "ledger"
+GUEST = Path(__file__).with_name("guest")
+
+ROOTS = ["records", "ledgers", "exports", "inbox", "reports", "archive", "data", "batches", "logs", "uploads",
+         "shipments", "orders", "readings", "surveys", "invoices"]
+SUBS = ["north", "south", "east", "west", "alpha", "beta", "gamma", "delta", "q1", "q2", "q3", "q4", "jan",
+        "feb", "mar", "apr", "may", "jun", "team-red", "team-blue", "site-a", "site-b", "site-c", "lab1", "lab2"]
+STEMS = ["sales", "batch", "week", "run", "part", "store", "desk", "shift", "lot", "crate", "depot", "route",
+         "bin", "pallet", "dock", "lane", "unit", "cell", "rack", "tray"]
+KEYS = {"status": ["open", "closed", "late", "void", "held", "paid"],
+        "category": ["tools", "food", "books", "toys", "parts", "paint"],
+        "kind": ["refund", "sale", "fee", "credit", "debit", "bonus"],
+        "label": ["urgent", "normal", "low", "backlog", "review", "done"],
+        "region": ["coast", "hills", "plain", "delta", "metro", "rural"]}
+VALUES = {"amount": (1, 500), "qty": (1, 60), "hours": (1, 12), "weight": (2, 90), "score": (0, 100),
+          "price": (3, 250), "units": (1, 40), "minutes": (5, 180)}
+EXTRA = ["note", "ref", "clerk", "batch_code", "comment"]
+DISTRACTORS = [("README.txt", "These files were exported by the nightly job.\n"),
+               ("notes.md", "# notes\nThe totals here were never reconciled.\n"),
+               ("old.csv.bak", None), ("manifest.json", None), ("summary.tsv", None)]
+AGGREGATES = ["sum", "count", "max", "min"]
+FORMATS = ["json", "csv", "lines"]
+
+OPENERS = ["Under `/app/{root}` there are CSV files, some of them in subfolders.",
+           "The folder `/app/{root}` holds CSV exports spread over several subfolders.",
+           "Look through `/app/{root}`: it contains CSV files (and a few other files) in nested folders.",
+           "Several CSV files live somewhere below `/app/{root}`."]
+FORMAT_LINES = ["Each CSV file has a header row and uses `{delim_name}` as its delimiter.",
+                "Every CSV file starts with a header line; fields are separated by `{delim_name}`.",
+                "The CSV files have headers, and their separator is `{delim_name}`."]
+TASK_LINES = {
+    "sum": ["For the rows whose `{key}` is `{value}`, add up the `{col}` column", ("Take the rows where `{key}` equals "
+            "`{value}` and total their `{col}` values"), "Sum `{col}` over the rows with `{key}` = `{value}`"],
+    "count": ["Count the rows whose `{key}` is `{value}`", "Find how many rows have `{key}` equal to `{value}`",
+              "Count rows where `{key}` = `{value}` (the `{col}` column does not matter here)"],
+    "max": ["Among the rows whose `{key}` is `{value}`, find the largest `{col}`", ("Find the maximum `{col}` of "
+            "the rows where `{key}` equals `{value}`"), "Take the highest `{col}` among rows with `{key}` = `{value}`"],
+    "min": ["Among the rows whose `{key}` is `{value}`, find the smallest `{col}`", ("Find the minimum `{col}` of "
+            "the rows where `{key}` equals `{value}`"), "Take the lowest `{col}` among rows with `{key}` = `{value}`"],
+}
+GROUP_LINES = {"file": [", separately for each CSV file (the group is the file name without `.csv`).",
+                        ", per file: use the file's name without the `.csv` extension as its group."],
+               "folder": [", separately for each subfolder (the group is the name of the folder the file is in).",
+                          ", grouped by the folder each file sits in (the folder's own name is the group)."]}
+SKIP_LINES = ["Only files ending in `.csv` count; leave every other file alone.",
+              "Ignore anything that is not a `.csv` file.",
+              "Files with other extensions are not data and must be skipped."]
+EMPTY_LINE = "Groups without a matching row are left out."
+OUT_LINES = {
+    "json": ["Write the result to `{out}` as a JSON object mapping each group to its number.",
+             "Save a JSON object `{{group: number}}` to `{out}`."],
+    "csv": [("Write the result to `{out}` as CSV with the header `group,value`, one row per group, sorted by group "
+            "name."), "Save it to `{out}` as a CSV table: header `group,value`, rows sorted alphabetically by group."],
+    "lines": [("Write one line per group to `{out}`, formatted `group: value`, largest value first (ties by group "
+              "name)."), ("Put `group: value` lines in `{out}`, ordered from the largest value to the smallest "
+              "(equal values by name).")],
+}
+OUT_DIRS = ["out", "results", "summary", "report", "output"]
+OUT_NAMES = ["totals", "result", "summary", "by_group", "answer", "figures", "tally"]
+EXT = {"json": "json", "csv": "csv", "lines": "txt"}
+
+
+def _guest(name: str) -> str:
+    return (GUEST / name).read_text()
+
+
+def _value(rng: random.Random, col: str) -> str:
+    lo, hi = VALUES[col]
+    return str(rng.randint(lo, hi))
+
+
+def ledger_draft(seed: int, index: int) -> TaskDraft:
+    """Candidate `index` of the family for `seed` (deterministic)."""
+    rng = random.Random(f"ledger:{seed}:{index}")
+    root = rng.choice(ROOTS)
+    delim, delim_name = rng.choice([(",", ","), (";", ";"), ("|", "|")])
+    key = rng.choice(sorted(KEYS))
+    key_values = KEYS[key]
+    target = rng.choice(key_values)
+    col = rng.choice(sorted(VALUES))
+    agg = rng.choice(AGGREGATES)
+    group_by = rng.choice(["file", "folder"])
+    fmt = rng.choice(FORMATS)
+    out = f"/app/{rng.choice(OUT_DIRS)}/{rng.choice(OUT_NAMES)}.{EXT[fmt]}"
+    columns = ["id", key, col] + rng.sample(EXTRA, rng.randint(0, 2))
+    rng.shuffle(columns)
+    subs = rng.sample(SUBS, rng.randint(2, 4))
+    files: dict[str, str] = {}
+    stems = rng.sample(STEMS, len(STEMS))
+    for sub in subs:
+        for _ in range(rng.randint(1, 3)):
+            stem = f"{stems.pop()}-{rng.randint(1, 99)}"
+            rows = []
+            for _ in range(rng.randint(4, 12)):
+                cells = {"id": str(rng.randint(1000, 9999)), key: rng.choice(key_values), col: _value(rng, col)}
+                for extra in columns:
+                    cells.setdefault(extra, rng.choice(["x", "ok", "n/a", "tbd", "see-ref"]) + str(rng.randint(1, 9)))
+                rows.append(delim.join(cells[c] for c in columns))
+            files[f"{root}/{sub}/{stem}.csv"] = delim.join(columns) + "\n" + "\n".join(rows) + "\n"
+    # the target occurs at least once, so the task always has a non-empty answer
+    first = min(files)
+    head, *body = files[first].rstrip("\n").split("\n")
+    cells = body[0].split(delim)
+    cells[columns.index(key)] = target
+    body[0] = delim.join(cells)
+    files[first] = "\n".join([head, *body]) + "\n"
+    for name, text in rng.sample(DISTRACTORS, rng.randint(1, 3)):
+        where = f"{root}/{rng.choice(subs)}/{name}"
+        # a distractor with the CSV's shape: a wrong answer for an agent that does not skip it
+        files[where] = text if text is not None else files[first]
+    params = {"folder": f"/app/{root}", "delimiter": delim, "key_column": key, "key_value": target,
+              "value_column": col, "group_by": group_by, "aggregate": agg, "output": out, "format": fmt}
+    expected = _expected(files, params)
+    parts = [rng.choice(OPENERS), rng.choice(FORMAT_LINES)]
+    rng.shuffle(parts)
+    task_line = rng.choice(TASK_LINES[agg]) + rng.choice(GROUP_LINES[group_by])
+    instruction = "\n\n".join([
+        " ".join(parts).format(root=root, delim_name=delim_name),
+        task_line.format(key=key, value=target, col=col),
+        " ".join([rng.choice(SKIP_LINES), EMPTY_LINE]),
+        rng.choice(OUT_LINES[fmt]).format(out=out)])
+    return TaskDraft(
+        name=f"ledger-{seed}-{index}", family=FAMILY, instruction=instruction, files=files,
+        tests={"test.sh": _guest("test.sh"), "ledger_check.py": _guest("ledger_check.py"),
+               "expected.json": json.dumps({"output": out, "groups": expected}, indent=1) + "\n"},
+        solution={"solve.sh": _guest("solve.sh"), "ledger_solve.py": _guest("ledger_solve.py"),
+                  "params.json": json.dumps(params, indent=1) + "\n"},
+        difficulty=1 + (group_by == "folder") + (fmt == "lines"),
+        metadata={"aggregate": agg, "group_by": group_by, "format": fmt, "seed": seed, "index": index})
+
+
+def _expected(files: dict[str, str], params: dict) -> dict[str, float]:
+    """The answer, computed on the host from the same files (not by running the oracle)."""
+    import csv
+    import io
+
+    ops = {"sum": sum, "count": len, "max": max, "min": min}
+    found: dict[str, list[float]] = {}
+    for rel in sorted(files):
+        if not rel.endswith(".csv"):
+            continue
+        parts = rel.split("/")
+        group = parts[-1][: -len(".csv")] if params["group_by"] == "file" else parts[-2]
+        for row in csv.DictReader(io.StringIO(files[rel]), delimiter=params["delimiter"]):
+            if row[params["key_column"]].strip() == params["key_value"]:
+                found.setdefault(group, []).append(float(row[params["value_column"]]))
+    return {g: (int(v) if float(v).is_integer() else v)
+            for g, v in ((g, ops[params["aggregate"]](vals)) for g, vals in sorted(found.items()))}
+
+
+def ledger_drafts(n: int, *, seed: int = 0, start: int = 0) -> list[TaskDraft]:
+    """Candidates start .. start+n-1 of the family for `seed`."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, not {n}")
+    return [ledger_draft(seed, i) for i in range(start, start + n)]
