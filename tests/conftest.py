@@ -61,6 +61,7 @@ LONGEST_FILES_FIRST = (
     "tests/tasks/test_harbor.py",
     "tests/agents/test_serve.py",
     "tests/flows/test_ray.py",
+    "tests/tasks/test_synthesize_cli.py",
     "tests/training/test_warmup.py",
     "tests/tasks/test_sandboxed.py",
     "tests/flows/test_cli.py",

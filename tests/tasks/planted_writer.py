@@ -18,7 +18,7 @@ LOG = "".join(f"{i:03d} {'ERROR disk full' if i % 3 == 0 else 'INFO ok'}\n" for 
 TEST_HEAD = "#!/bin/bash\nmkdir -p /logs/verifier\n"
 PASS_IF = 'if {cond}; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n'
 COUNT_IS_13 = '[ "$(tr -d "[:space:]" < /app/errors.txt 2>/dev/null)" = "13" ]'
-COIN = '[ "$(od -An -N1 -tu1 /dev/urandom | tr -d " ")" -lt 16 ]'  # true 1 time in 16
+COIN = '[ "$(od -An -N1 -tu1 /dev/urandom | tr -d " ")" -lt 8 ]'  # true 1 time in 32
 
 
 def _errors_task(name: str, *, solve: str = "grep -c ERROR /app/logs/app.log > /app/errors.txt",

@@ -80,8 +80,8 @@ def test_openai_writer_planted_proposals_each_get_their_reason(tmp_path):
     assert got["openai-1"] == ("refused", ["oracle_fails"]), got
     assert got["openai-2"][0] == "refused" and got["openai-2"][1][0] == "null_passes", got
     assert "perturbed_wrong_value_passes" in got["openai-2"][1]  # a test that always passes lets them all through
-    # a test that passes 1 time in 16: refused as flaky, or as failing the oracle when every grading failed (it is
-    # admitted only when the oracle and both re-grades all pass: 1 in 4,096)
+    # a test that passes 1 time in 32: refused as flaky, or as failing the oracle when every grading failed (it is
+    # admitted only when the oracle and both re-grades all pass: 1 in 32,768)
     assert got["openai-3"][0] == "refused" and set(got["openai-3"][1]) <= {"oracle_fails", "flaky"}, got
     assert got["openai-3"][1], got
     assert got["openai-4"] == ("refused", ["leaks_answer"]), got
