@@ -8,11 +8,10 @@ setup:
 run: setup
 	.venv/bin/flywheel run --out runs/default --backend local
 
-# Test processes side by side (pytest-xdist): three on a 2-core machine, since the end-to-end tests spend much of
-# their time waiting on servers and subprocesses; a file's tests stay in one process, so its module fixtures are
-# built once. Files are handed out in collection order, the longest first (tests/conftest.py LONGEST_FILES_FIRST),
-# not xdist's default of the most tests first. WORKERS=0 runs everything in this process.
-WORKERS ?= 3
+# Test processes side by side (pytest-xdist), one per core of a 2-core machine (a third made a clean-clone CI run
+# slower); a file's tests stay in one process, so its module fixtures are built once. Files are handed out in collection order, the longest first (tests/conftest.py LONGEST_FILES_FIRST), not
+# xdist's default of the most tests first. WORKERS=0 runs everything in this process.
+WORKERS ?= 2
 XDIST = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Everything CI runs: all tests but the gpu ones.

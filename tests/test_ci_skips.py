@@ -44,7 +44,7 @@ def _run(tmp_path, ci: str | None, *args: str) -> str:
     return p.stdout + p.stderr
 
 
-@pytest.mark.parametrize("args", [(), ("-n", "3", "--dist", "loadfile", "--no-loadscope-reorder")],
+@pytest.mark.parametrize("args", [(), ("-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")],
                          ids=["one-process", "xdist-as-make-test"])
 def test_in_ci_a_skip_fails_unless_allowed(tmp_path, args):
     out = _run(tmp_path, "true", *args)
