@@ -53,9 +53,11 @@ def server_stop() -> None:
     from flows import shared_server, warm
 
     users = shared_server.live_clients()
-    st = shared_server.stop_shared()
+    # the starters first: one that saw the server gone would drop its state file and exit on its own, and a starter
+    # not listed is one stop_starters cannot wait for (it was still exiting when `server stop` returned)
     for w in warm.stop_starters():
         print(f"stopped: warm starter (pid {w['pid']})")
+    st = shared_server.stop_shared()
     if st and users:
         print(f"warning: stopped while {len(users)} command(s) used it (pid {', '.join(u.split('-')[0] for u in users)})",
               file=sys.stderr)
