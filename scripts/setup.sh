@@ -3,8 +3,6 @@
 # system packages (Docker engine, debootstrap, bubblewrap), a running dockerd, a virtualenv in .venv with the CPU
 # build of torch installed first, the project (editable, with dev extras), and the sandbox image.
 # GPU users: install your CUDA build of torch into .venv before running this (it is kept).
-# pip installs with --no-compile: Python compiles (and caches) only the modules that are imported, on first import,
-# instead of every module of every package (torch alone has thousands) during the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -37,11 +35,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
   log "installing torch==2.13.0 (CPU build) first"
-  .venv/bin/pip install -q --no-compile torch==2.13.0
+  .venv/bin/pip install -q torch==2.13.0
 fi
 if ! .venv/bin/python -c 'import flows.cli, trl, prefect, duckdb, datasketch, prefect_ray, s3fs, moto.server' >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.flywheel-installed ]; then
   log "installing flywheel and its dependencies"
-  .venv/bin/pip install -q --no-compile -e '.[dev,ray]'
+  .venv/bin/pip install -q -e '.[dev,ray]'
   touch .venv/.flywheel-installed
 fi
 
