@@ -146,7 +146,11 @@ def descendants(pid: int) -> dict[int, str]:
     todo = [pid]
     while todo:
         p = todo.pop()
-        for t in Path(f"/proc/{p}/task").glob("*"):
+        try:  # a process that exits during the scan is gone, not an error (glob raised FileNotFoundError in CI)
+            threads = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
+            continue
+        for t in threads:
             try:
                 kids = [int(k) for k in (t / "children").read_text().split()]
             except OSError:
