@@ -78,16 +78,18 @@ def _owner_arg() -> str:
     return f"{OWNER_ARG}{os.getpid()}-{procfs.start_time(os.getpid())}"
 
 
-def reap_orphans() -> int:
-    """SIGKILL every process of a local sandbox (its bwrap and its PID 1, found by MARKER in their command line)
+def reap_orphans(marker: str = MARKER) -> int:
+    """SIGKILL every process of a local sandbox (its bwrap and its PID 1, found by `marker` in their command line)
     whose owner (the process that started it, OWNER_ARG) is gone. A sandbox normally ends with its owner (PID 1
     lives until its stdin closes), but one whose start a SIGKILL of the owner interrupted can stay (seen once in the
     kill test of `flywheel run`: a bwrap left 30 s after its command died). Called by the shared server's watchdog
-    and by each command when its server answers. Returns how many processes it killed."""
+    and by each command when its server answers, with MARKER; a test passes a marker of its own, so that the
+    reapers of the commands running beside it (every command on the machine reaps) leave its processes alone.
+    Returns how many processes it killed."""
     killed = 0
     for pid in procfs.pids():
         argv = procfs.cmdline(pid)
-        if MARKER.encode() not in argv:
+        if marker.encode() not in argv:
             continue
         owner = next((a[len(OWNER_ARG):].decode() for a in argv if a.startswith(OWNER_ARG.encode())), None)
         owner_pid, _, start = (owner or "").partition("-")

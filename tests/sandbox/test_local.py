@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -369,16 +370,21 @@ def test_killed_calls_leave_no_orphans_and_close_is_prompt(sb):
 
 def test_reap_orphans_kills_only_sandbox_processes_whose_owner_is_gone():
     """sandbox.local.reap_orphans: a process carrying the sandbox marker and a dead owner is killed; one whose owner
-    lives, and one without the marker, are left alone (real processes, no sandbox needed)."""
+    lives, and one without the marker, are left alone (real processes, no sandbox needed). The marker is the
+    test's own: with MARKER, a command of another test running beside this one (each command reaps) killed the
+    dead-owner process first, and this call found nothing to kill (a clean-clone CI run failed on `0 >= 1`)."""
     from sandbox.local import MARKER, OWNER_ARG, _owner_arg, reap_orphans
 
+    marker = f"{MARKER}-test-{uuid.uuid4().hex}"
     code = "import time; time.sleep(120)"
-    dead = subprocess.Popen([sys.executable, "-c", code, MARKER, f"{OWNER_ARG}999999999-1"])
-    live = subprocess.Popen([sys.executable, "-c", code, MARKER, _owner_arg()])
+    dead = subprocess.Popen([sys.executable, "-c", code, marker, f"{OWNER_ARG}999999999-1"])
+    live = subprocess.Popen([sys.executable, "-c", code, marker, _owner_arg()])
     other = subprocess.Popen([sys.executable, "-c", code, "not-a-sandbox", f"{OWNER_ARG}999999999-1"])
     try:
         time.sleep(0.3)
-        assert reap_orphans() >= 1
+        reap_orphans()  # what every command runs (MARKER): it leaves the test's processes alone
+        assert dead.poll() is None
+        assert reap_orphans(marker) == 1
         assert dead.wait(timeout=10) == -signal.SIGKILL
         assert live.poll() is None and other.poll() is None
     finally:
