@@ -19,24 +19,29 @@ sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes;
 @sandbox_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sandbox_exec(
     ctx: typer.Context,
-    backend: Annotated[str, typer.Option(help="docker, local or auto (docker if an engine answers).")] = "auto",
-    timeout: Annotated[float, typer.Option(help="Wall-clock limit in seconds.")] = 10.0,
-    memory: Annotated[int, typer.Option(help="Memory limit in MB (swap included).")] = 512,
-    image: Annotated[str | None, typer.Option(help="Sandbox image tag.")] = None,
+    backend: Annotated[str | None, typer.Option(help="docker, local or auto (docker if an engine answers); default: "
+                                                     "sandbox.backend's.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Wall-clock limit in seconds; default: sandbox.timeout_s's.")
+                       ] = None,
+    memory: Annotated[int | None, typer.Option(help="Memory limit in MB (swap included); default: "
+                                                    "sandbox.memory_mb's.")] = None,
+    image: Annotated[str | None, typer.Option(help="Sandbox image tag; default: sandbox.image's.")] = None,
 ) -> None:
-    """Run CMD in a fresh sandbox and print one JSON result: flywheel sandbox exec -- CMD [ARG...]."""
+    """Run CMD in a fresh sandbox and print one JSON result: flywheel sandbox exec -- CMD [ARG...]. An option not
+    given takes the sandbox config's default (sandbox/result.py SandboxConfig: the one definition of each)."""
+    from pydantic import ValidationError
+
     from sandbox.backend import exec_once
     from sandbox.result import SandboxConfig
 
     argv = list(ctx.args)
     if not argv:
         raise UsageError("no command given; usage: flywheel sandbox exec [OPTIONS] -- CMD [ARG...]")
-    kw = {"backend": backend, "timeout_s": timeout, "memory_mb": memory}
-    if image:
-        kw["image"] = image
+    given = {"backend": backend, "timeout_s": timeout, "memory_mb": memory, "image": image}
+    kw = {k: v for k, v in given.items() if v is not None}
     try:
         cfg = SandboxConfig(**kw)
-    except Exception as e:  # pydantic ValidationError -> one line
+    except ValidationError as e:  # -> one line
         raise UsageError(f"bad sandbox option: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
     stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
     result = exec_once(cfg, argv, stdin=stdin or None)

@@ -53,6 +53,8 @@ CASES = [
     (["tasks", "export", "nope", "{d}/o.jsonl"], "unknown suite 'nope'"),
     (["demos", "import", "{d}/none.jsonl", "--root", "{d}"], "{d}/none.jsonl: no such file or folder"),
     (["sandbox", "exec", "--backend", "local"], "no command given"),
+    (["sandbox", "exec", "--timeout", "0", "--", "true"], "bad sandbox option: timeout_s"),
+    (["sandbox", "exec", "--backend", "nope", "--", "true"], "bad sandbox option: backend"),
     (["sandbox", "build-image", "--bogus"], "No such option: --bogus"),
     (["serve", "--set", "x.y=1"], "unknown config section [x]"),
     (["deploy"], "Missing option '--work-pool'"),
