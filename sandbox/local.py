@@ -85,24 +85,41 @@ def reap_orphans(marker: str = MARKER) -> int:
     kill test of `flywheel run`: a bwrap left 30 s after its command died). Called by the shared server's watchdog
     and by each command when its server answers, with MARKER; a test passes a marker of its own, so that the
     reapers of the commands running beside it (every command on the machine reaps) leave its processes alone.
-    Returns how many processes it killed."""
-    killed = 0
-    for pid in procfs.pids():
-        argv = procfs.cmdline(pid)
-        if marker.encode() not in argv:
-            continue
-        owner = next((a[len(OWNER_ARG):].decode() for a in argv if a.startswith(OWNER_ARG.encode())), None)
-        owner_pid, _, start = (owner or "").partition("-")
-        if not owner_pid.isdigit() or procfs.start_time(int(owner_pid)) == start:
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except OSError:
-            pass
+
+    A bwrap that leads its process group (the driver starts it in a session of its own) is killed with its whole
+    group: killed alone between its clone and the go-ahead it writes to its child, it would leave that child (a
+    copy of bwrap, the same command line) waiting for the go-ahead forever. And the scan is repeated until a pass
+    finds no process it had not killed yet, so a child cloned after the first listing of /proc is not missed.
+    Returns how many processes it killed (each counted once; its group's other members not counted)."""
+    killed: set[int] = set()
+    for _ in range(5):  # a pass finds only what was cloned during the one before: it settles at once
+        new = []
+        for pid in procfs.pids():
+            if pid in killed:
+                continue
+            argv = procfs.cmdline(pid)
+            if marker.encode() not in argv:
+                continue
+            owner = next((a[len(OWNER_ARG):].decode() for a in argv if a.startswith(OWNER_ARG.encode())), None)
+            owner_pid, _, start = (owner or "").partition("-")
+            if not owner_pid.isdigit() or procfs.start_time(int(owner_pid)) == start:
+                continue
+            try:
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+                new.append(pid)
+            except OSError:
+                pass
+        if not new:
+            break
+        killed.update(new)
     if killed:
-        log.warning("local sandbox: killed %d process(es) of sandboxes whose command is gone", killed)
-    return killed
+        log.warning("local sandbox: killed %d process(es) of sandboxes whose command is gone", len(killed))
+    return len(killed)
+
+
 GRACE_S = 2.0  # how long past its timeout a call may run before the host kills it
 START_TIMEOUT_S = 10.0
 STRAY_WAIT_S = 2.0  # how long killing a call's leftover processes waits for them to exit
@@ -174,7 +191,7 @@ class LocalSandbox:
             self._await_holder(info)
         except BaseException:
             if self._holder.poll() is None:
-                self._holder.kill()
+                bwrap.killpg(self._holder)  # with bwrap's child: killed alone before its go-ahead, it would wait forever
                 self._holder.wait()
             raise
         self._holder.stdout.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import procfs
 from sandbox.bwrap import SANDBOX_ENV
 from sandbox.local import LocalBackend
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
@@ -391,6 +392,34 @@ def test_reap_orphans_kills_only_sandbox_processes_whose_owner_is_gone():
         for p in (dead, live, other):
             p.kill()
             p.wait()
+
+
+def test_reap_orphans_kills_the_group_of_a_dead_owners_bwrap():
+    """A sandbox process that leads its process group (bwrap, started in a session of its own) is killed with its
+    group: bwrap's child, cloned but not yet given the go-ahead, waits forever once its parent is gone (an orphaned
+    copy of bwrap; reproduced with bwrap's --userns-block-fd). Here the leader carries the marker and a dead owner,
+    its child in the same group carries neither: one call kills both, and counts the leader once."""
+    from sandbox.local import MARKER, OWNER_ARG, reap_orphans
+
+    marker = f"{MARKER}-test-{uuid.uuid4().hex}"
+    code = "import subprocess, sys, time; c = subprocess.Popen(['sleep', '120']); print(c.pid, flush=True); time.sleep(120)"
+    leader = subprocess.Popen([sys.executable, "-c", code, marker, f"{OWNER_ARG}999999999-1"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(leader.stdout.readline())
+        assert os.getpgid(child) == leader.pid
+        assert reap_orphans(marker) == 1
+        assert leader.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while procfs.running(child) and time.monotonic() < deadline:  # its parent gone: init reaps it
+            time.sleep(0.05)
+        assert not procfs.running(child)
+    finally:
+        try:
+            os.killpg(leader.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        leader.wait()
 
 
 def test_a_handle_dropped_without_close_frees_its_slot_when_collected():
