@@ -82,20 +82,20 @@ def wait_ready(timeout_s: float = 120.0) -> None:
     dead commands. No-op without a server of flywheel's."""
     shared = shared_server.in_use()
     if shared is not None:
-        from sandbox.local import reap_orphans
+        from sandbox.reaper import reap_local
 
         shared_server.wait_shared(shared, timeout_s)
         reap_dead_leases(shared["url"])
-        reap_orphans()
+        reap_local()
         return
     if not own_server.launched():
         return
-    from sandbox.local import reap_orphans
+    from sandbox.reaper import reap_local
 
     own_server.wait(timeout_s)
     reap_dead_leases(_url, own=own_server.lease_dir())
     reset_orphan_slots(_url, own_server.lease_dir())
-    reap_orphans()
+    reap_local()
 
 
 def stop() -> None:

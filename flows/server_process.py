@@ -59,9 +59,9 @@ def serve_shared(port: int, idle_s: float) -> None:
             with contextlib.suppress(Exception):  # a failed reap is retried on the next tick
                 reap_dead_leases(url)
             with contextlib.suppress(Exception):  # imported here: a sandbox module that fails to load stops no server
-                from sandbox.local import reap_orphans
+                from sandbox.reaper import reap_local
 
-                reap_orphans()
+                reap_local()
             if not idle_s or time.monotonic() - last[0] < idle_s:
                 continue
             with state_lock():

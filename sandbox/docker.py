@@ -25,19 +25,18 @@ stderr). OOM kills and pids-limit hits are read from the container's cgroup coun
 State.OOMKilled). Engine failures become verdict infra_error with the engine's message, never the program's
 failure; container creation is retried with backoff, then acquire() raises SandboxError.
 
-Reuse (`SandboxConfig.reuse`, unset = on for Docker): a fresh container per episode costs ~260 ms of CPU (create,
-start, exec, remove: 7 clean episodes/s on 2 cores), a reset ~25 ms (benchmarks/sandbox.py, fresh vs reused). In
-reuse mode each container runs a keeper (sandbox/guest/keeper.py) that forks every episode's interpreter. Closing an episode
+Reuse (`SandboxConfig.reuse`, unset = on for Docker): a fresh container per episode costs far more CPU (create,
+start, exec, remove) than a reset (benchmarks/sandbox.py measures both, fresh vs reused episodes/s). In reuse mode
+each container runs a keeper (sandbox/guest/keeper.py) that forks every episode's interpreter. Closing an episode
 hands the container to a pool thread, which: has the keeper kill and reap the interpreter; freezes the container's
 cgroup from the host, SIGKILLs every process but PID 1 and the keeper, thaws it and waits until only those two are
-left; has the keeper fork a fresh interpreter, whose first cell (sandbox/guest/reset.py, the same warm-up cell a fresh
-container runs) empties /tmp, /workspace and /dev/shm and reports processes, folder entries, modes, owners and
-extended attributes, /dev/mqueue, System V IPC objects, the writable mounts and the kernel keys; then the host
-requires that report
-to equal the container's fresh one, sees exactly PID 1, the keeper and the interpreter in the cgroup, and the same
-cgroup limits (memory, swap, pids, CPU). Any failure (including a keeper the episode killed and a new one that
-does not come up, or no cgroup reachable: a remote engine, not root) removes the container and counts it in
-`stats["reset_failed"]`. A closed handle stays closed. What a reset does not renew: pid and inode numbers continue
+left; has the keeper fork a fresh interpreter, whose process first runs the reset check (sandbox/guest/reset.py, the
+same check that took the fresh container's state): it empties /tmp, /workspace and /dev/shm and reports processes,
+folder entries, modes, owners and extended attributes, /dev/mqueue, System V IPC objects, the writable mounts and
+the kernel keys; then the host requires that report to equal the container's fresh one, sees exactly PID 1, the
+keeper and the interpreter in the cgroup, and the same cgroup limits (memory, swap, pids, CPU). Any failure
+(including a keeper the episode killed and a new one that does not come up, or no cgroup reachable: a remote
+engine, not root) removes the container and counts it in `stats["reset_failed"]`. A closed handle stays closed. What a reset does not renew: pid and inode numbers continue
 and the container's uptime and cgroup counters (CPU used, OOM kills seen) carry over; Docker's seccomp profile
 refuses kernel keyrings, so there are none to clear.
 The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
@@ -71,10 +70,9 @@ from sandbox.dockerinterp import (
     GRACE_S,
     RESET_WAIT_S,
     Interp,
-    await_ready,
     host_pid,
     keeper_call,
-    reset_check,
+    spawn,
     start_interpreter,
     start_keeper,
     warm,
@@ -494,11 +492,10 @@ class DockerBackend:
         if prestart:
             try:
                 if self.reuse:
-                    box.interp = start_keeper(api, cid)
+                    box.interp, box.baseline = start_keeper(api, cid, empty=False)
+                    box.baseline.pop("problems")
                     if box.pid1:
                         box.keeper = host_pid(box.cgroup.processes(), box.interp.keeper)
-                    box.baseline = reset_check(box.interp, empty=False)
-                    box.baseline.pop("problems")
                 else:
                     box.interp = start_interpreter(api, cid)
                     warm(box.interp)
@@ -531,8 +528,9 @@ class DockerBackend:
     # -- reuse ---------------------------------------------------------------------------------------------------
     def _reset(self, box: _Container) -> str | None:
         """Make a used container as good as new: the host kills every process but PID 1 (cgroup frozen, so none
-        can fork meanwhile), a fresh interpreter empties the writable folders and reports what is left, and the
-        host compares that with the container's fresh state. None when it passed, else why not."""
+        can fork meanwhile), the keeper's next child empties the writable folders and reports what is left before it
+        becomes the interpreter, and the host compares that with the container's fresh state. None when it passed,
+        else why not."""
         cg = box.cgroup
         if os.geteuid() != 0 or not box.pid1 or box.baseline is None or not cg.resettable:
             return ("the host cannot reset this container (it needs root and the container's cgroup on this host); "
@@ -547,8 +545,8 @@ class DockerBackend:
                 why = self._kill_all_but(box, {box.pid1, box.keeper})
                 if why is not None:
                     return why
-                keeper_call(it.transport, "spawn")  # the old client goes with its interpreter: a new one
-                box.interp, it = await_ready(it.exec_id, it.stream, it.transport, it.keeper), None
+                # the old client goes with its interpreter: a new one, forked after the reset check
+                (box.interp, state), it = spawn(it.exec_id, it.stream, it.transport, it.keeper, empty=True), None
             else:  # the keeper is gone (user code killed it, or the interpreter died): a new one, by exec
                 if it is not None:
                     it.stream.close()
@@ -556,9 +554,8 @@ class DockerBackend:
                 why = self._kill_all_but(box, {box.pid1})
                 if why is not None:
                     return why
-                box.interp = start_keeper(self.client.api, box.id)
+                box.interp, state = start_keeper(self.client.api, box.id, empty=True)
                 box.keeper = host_pid(cg.processes(), box.interp.keeper)
-            state = reset_check(box.interp, empty=True)
         except Exception as e:
             if not is_infra(e) and not isinstance(e, (ValueError, TimeoutError)):
                 raise

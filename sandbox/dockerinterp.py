@@ -1,9 +1,10 @@
 """The episode's interpreter in a Docker container: started with its own `docker exec`, or forked by the container's
-keeper (reuse), and the reset check it runs as its warm-up cell.
+keeper (reuse) after the reset check.
 
 `start_interpreter` runs sandbox/guest/kernel.py with `docker exec -i`; `start_keeper` runs sandbox/guest/keeper.py,
 which forks each interpreter; `keeper_call` sends the keeper its own requests (reset, spawn) on the same stream;
-`reset_check` runs the one reset check (sandbox/guest/reset.py) as a cell and returns the state it reports.
+`spawn` has the keeper fork the next interpreter, which first runs the one reset check (sandbox/guest/reset.py), and
+returns the state the check reports with the interpreter.
 Used by the Docker driver (sandbox/docker.py); this module creates and removes no container.
 """
 
@@ -51,22 +52,6 @@ def warm(it: Interp) -> None:
         raise SandboxError(f"the interpreter did not answer its warm-up call: {raw['stderr'][-200:]!r}")
 
 
-def reset_check(it: Interp, empty: bool) -> dict:
-    """Run the reset check (sandbox/guest/reset.py) as the interpreter's warm-up cell; returns the state it printed."""
-    code = programs.cell("reset", *(["--empty"] if empty else []), *RESET_DIRS)
-    raw = it.client.call_raw(code, 10, 1 << 16)
-    state = None
-    if not raw["died"] and raw["exit_code"] == 0 and not raw["truncated"]:
-        try:
-            state = json.loads(raw["stdout"])
-        except ValueError:
-            state = None
-    if not isinstance(state, dict) or not isinstance(state.get("problems"), list):
-        raise SandboxError(f"the reset check did not answer (exit {raw['exit_code']}, died {raw['died']}): "
-                           f"{(raw['stderr'] or raw['stdout'])[-300:]!r}")
-    return state
-
-
 def await_ready(exec_id: str, st: ExecStream, transport: ExecTransport, keeper: int = 0) -> Interp:
     """A protocol client for the interpreter starting behind `transport`, once its ready line came; closes the
     stream and raises SandboxError when none comes."""
@@ -87,12 +72,14 @@ def start_interpreter(api, cid: str, user: str = SANDBOX_USER, workdir: str = WO
     return await_ready(exec_id, st, ExecTransport(st))
 
 
-def keeper_call(transport: ExecTransport, op: str, timeout_s: float = RESET_WAIT_S) -> dict:
+def keeper_call(transport: ExecTransport, op: str, timeout_s: float = RESET_WAIT_S,
+                check: list[str] | None = None) -> dict:
     """Send a request to the keeper (a raw line on the transport) and return its answer (lines before it, left by
-    the last episode, are dropped; what follows it, a spawned interpreter's ready line, stays for its client)."""
+    the last episode, are dropped; what follows it, a spawned interpreter's check and ready lines, stays)."""
     nonce = uuid.uuid4().hex
     deadline = time.monotonic() + timeout_s
-    transport.send(json.dumps({"keeper": op, "nonce": nonce}).encode() + b"\n", deadline)
+    req = {"keeper": op, "nonce": nonce, **({"check": check} if check is not None else {})}
+    transport.send(json.dumps(req).encode() + b"\n", deadline)
     while True:
         line = transport.read_line(deadline, 1 << 26)
         if line is None:
@@ -103,9 +90,27 @@ def keeper_call(transport: ExecTransport, op: str, timeout_s: float = RESET_WAIT
                 return msg
 
 
-def start_keeper(api, cid: str) -> Interp:
-    """Start the keeper (sandbox/guest/keeper.py) with `docker exec -i`, have it fork an interpreter, wait for its
-    ready line."""
+def spawn(exec_id: str, st: ExecStream, transport: ExecTransport, keeper: int, empty: bool,
+          timeout_s: float = STARTUP_TIMEOUT_S) -> tuple[Interp, dict]:
+    """Have the keeper behind `transport` fork the next interpreter, which first runs the reset check (emptying
+    RESET_DIRS when `empty`); returns the interpreter, once ready, and the state the check printed (with its
+    `problems`). Raises SandboxError when the check does not answer."""
+    deadline = time.monotonic() + timeout_s
+    keeper_call(transport, "spawn", timeout_s, check=[*(["--empty"] if empty else []), *RESET_DIRS])
+    line = transport.read_line(deadline, 1 << 20)
+    try:
+        state = json.loads(line) if line is not None else None
+    except ValueError:
+        state = None
+    if not isinstance(state, dict) or not isinstance(state.get("problems"), list):
+        raise SandboxError(f"the reset check did not answer (line {line!r:.200}; stderr "
+                           f"{transport.stderr_tail()[-300:]!r})")
+    return await_ready(exec_id, st, transport, keeper), state
+
+
+def start_keeper(api, cid: str, empty: bool) -> tuple[Interp, dict]:
+    """Start the keeper (sandbox/guest/keeper.py) with `docker exec -i` and have it fork an interpreter (see
+    `spawn`); returns the interpreter and the reset check's state."""
     argv = programs.command("python3", "keeper", WORKDIR, str(INTERP_OOM_ADJ))
     exec_id, st = start_exec(api, cid, argv, stdin=True, adj=KEEPER_OOM_ADJ)
     transport = ExecTransport(st)
@@ -115,8 +120,7 @@ def start_keeper(api, cid: str) -> Interp:
         if not isinstance(hello, dict) or hello.get("keeper") != "hello":
             raise SandboxError(f"the keeper did not start (first line {line!r:.200}; stderr "
                                f"{transport.stderr_tail()[-300:]!r})")
-        keeper_call(transport, "spawn", STARTUP_TIMEOUT_S)
-        return await_ready(exec_id, st, transport, keeper=int(hello["pid"]))
+        return spawn(exec_id, st, transport, int(hello["pid"]), empty)
     except BaseException:
         st.close()
         raise

@@ -63,6 +63,7 @@ from sandbox.capture import STDERR, STDOUT, Capture, with_notes
 from sandbox.files import write_files
 from sandbox.interpreter import GONE_NOTE, InterpreterClient, InterpreterError, PipeTransport
 from sandbox.pool import PoolDriver, PoolSettings, WarmPool
+from sandbox.reaper import MARKER, owner_arg
 from sandbox.result import ExecResult, SandboxConfig, SandboxError, SandboxUnavailable
 from sandbox.verdicts import exec_fields, exec_verdict, infra_result
 
@@ -70,56 +71,6 @@ log = logging.getLogger(__name__)
 
 WORKDIR = "/workspace"
 SANDBOX_UID = 65534
-MARKER = "flywheel-local-sandbox"  # in the holder's command line: how tests and humans find our processes
-OWNER_ARG = "owner="  # after MARKER: owner=PID-STARTTIME of the process that started the sandbox (reap_orphans)
-
-
-def _owner_arg() -> str:
-    return f"{OWNER_ARG}{os.getpid()}-{procfs.start_time(os.getpid())}"
-
-
-def reap_orphans(marker: str = MARKER) -> int:
-    """SIGKILL every process of a local sandbox (its bwrap and its PID 1, found by `marker` in their command line)
-    whose owner (the process that started it, OWNER_ARG) is gone. A sandbox normally ends with its owner (PID 1
-    lives until its stdin closes), but one whose start a SIGKILL of the owner interrupted can stay (seen once in the
-    kill test of `flywheel run`: a bwrap left 30 s after its command died). Called by the shared server's watchdog
-    and by each command when its server answers, with MARKER; a test passes a marker of its own, so that the
-    reapers of the commands running beside it (every command on the machine reaps) leave its processes alone.
-
-    A bwrap that leads its process group (the driver starts it in a session of its own) is killed with its whole
-    group: killed alone between its clone and the go-ahead it writes to its child, it would leave that child (a
-    copy of bwrap, the same command line) waiting for the go-ahead forever. And the scan is repeated until a pass
-    finds no process it had not killed yet, so a child cloned after the first listing of /proc is not missed.
-    Returns how many processes it killed (each counted once; its group's other members not counted)."""
-    killed: set[int] = set()
-    for _ in range(5):  # a pass finds only what was cloned during the one before: it settles at once
-        new = []
-        for pid in procfs.pids():
-            if pid in killed:
-                continue
-            argv = procfs.cmdline(pid)
-            if marker.encode() not in argv:
-                continue
-            owner = next((a[len(OWNER_ARG):].decode() for a in argv if a.startswith(OWNER_ARG.encode())), None)
-            owner_pid, _, start = (owner or "").partition("-")
-            if not owner_pid.isdigit() or procfs.start_time(int(owner_pid)) == start:
-                continue
-            try:
-                if os.getpgid(pid) == pid:
-                    os.killpg(pid, signal.SIGKILL)
-                else:
-                    os.kill(pid, signal.SIGKILL)
-                new.append(pid)
-            except OSError:
-                pass
-        if not new:
-            break
-        killed.update(new)
-    if killed:
-        log.warning("local sandbox: killed %d process(es) of sandboxes whose command is gone", len(killed))
-    return len(killed)
-
-
 GRACE_S = 2.0  # how long past its timeout a call may run before the host kills it
 START_TIMEOUT_S = 10.0
 STRAY_WAIT_S = 2.0  # how long killing a call's leftover processes waits for them to exit
@@ -174,7 +125,7 @@ class LocalSandbox:
             "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", WORKDIR, "--clearenv", *[x for k, v in bwrap.SANDBOX_ENV.items() for x in ("--setenv", k, v)],
             "--info-fd", str(info),
-            "--", *programs.command(o.python, "holder", MARKER, _owner_arg()),
+            "--", *programs.command(o.python, "holder", MARKER, owner_arg()),
         ]
         args = [*o.host_prefix, *args]
         try:

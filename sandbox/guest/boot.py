@@ -8,8 +8,8 @@ no JSON: the holder and the enter helper start with `-S` and import next to noth
 modules under their own names (so they import each other as on the host: `from sandbox import procfs`), then
 takes them out of `sys.modules` again, so the sandbox's own code never imports ours by accident nor has a module
 named `sandbox` shadowed, and calls `ENTRY.main(ARGS)` with `sys.argv` set to `["-c"]`, as for `python3 -c`.
-A program imports everything it needs at the top of its modules. The same `run` serves code that runs inside an
-interpreter cell (the Docker reset check).
+A program imports everything it needs at the top of its modules. A program of one module does not need this: it
+runs as `python3 -c SOURCE ARG...` through its own `__main__` block.
 
 Standard library only. This module decides nothing about what runs where.
 """

@@ -1,7 +1,7 @@
 """Enter a running local sandbox and run one command in it: how every `exec`, file write and zygote of the local
 backend (sandbox/local.py) gets inside, like `docker exec` does.
 
-Run by the host's python3 -S as `python3 -S -c BOOT sandbox.guest.enter ... HOLDER_PID STATUS_FD SPEC COMMAND...`.
+Run by the host's python3 -S as `python3 -S -c SOURCE HOLDER_PID STATUS_FD SPEC COMMAND...` (sandbox/programs.py).
 It joins the namespaces of the holder (first the user namespace that owns them, then the sandbox's own nested
 one), chroots to its root, writes "ok" on STATUS_FD (or why it could not enter, then exits 125), forks (to land in
 the pid namespace), and in the child applies SPEC, a JSON object (rlimits, CPU affinity, uid/gid, environment,
@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import signal
+import sys
 
 NS_GET_USERNS = 0xB701
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG = 38, 1
@@ -102,3 +103,7 @@ def main(args: list[str]) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":  # run as `python3 -c SOURCE ARG...` (sandbox/programs.py)
+    main(sys.argv[1:])

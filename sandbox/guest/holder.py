@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 
 def main(args: list[str]) -> None:
@@ -22,3 +23,7 @@ def main(args: list[str]) -> None:
             pass
     finally:
         os._exit(0)
+
+
+if __name__ == "__main__":  # run as `python3 -c SOURCE ARG...` (sandbox/programs.py)
+    main(sys.argv[1:])

@@ -8,13 +8,16 @@ keeper, `os.kill(-1, SIGKILL)`, still answers, as on a fresh container); the kee
 so the host talks to the interpreter exactly as to one started by its own exec. Lines on stdin starting with
 {"keeper" are requests to the keeper itself, answered on stdout (after a newline, while no interpreter runs) with
 the request's nonce, which user code never sees: "reset" kills and reaps the interpreter (the host then kills every
-other process), "spawn" forks the next interpreter (its ready line follows the answer). The keeper never runs user
-code, imports nothing after start, ignores signals and is not dumpable (no ptrace, no /proc memory or fds for the
+other process), "spawn" forks the next interpreter (its ready line follows the answer); a spawn with "check" (the
+arguments of sandbox/guest/reset.py) has the child run the reset check first, its one JSON line before the ready line,
+so a reset compiles nothing. The keeper never runs user code, imports nothing after start (what the interpreters
+import lazily is imported up front), ignores signals and is not dumpable (no ptrace, no /proc memory or fds for the
 sandbox user); the sandbox user can still kill or stop it, and the host then starts a new keeper with an exec, or
 removes the container when the reset does not answer. When its interpreter dies during an episode the keeper exits
 with the interpreter's status (seen through a pidfd), so the host sees the end of the stream as before.
 
-Standard library only, plus the kernel and PID 1's signal rule. It checks nothing of the sandbox's state (sandbox/guest/reset.py does).
+Standard library only, plus the kernel, PID 1's signal rule and the reset check, which it never runs itself: only
+a child does, before it becomes the interpreter.
 """
 
 from __future__ import annotations
@@ -27,20 +30,24 @@ import signal
 import sys
 import traceback
 
-from sandbox.guest import kernel, pid1
+from sandbox.guest import kernel, pid1, reset
 
 BUFFER_LIMIT = 1 << 24  # stdin the interpreter has not read yet: past this the keeper stops reading
 
 
 class _Keeper:
     def __init__(self, workdir: str, adj: str) -> None:
+        import ast  # noqa: F401 - the kernel's lazy imports, paid once here instead of by every forked interpreter
+        import linecache  # noqa: F401
+
         self.libc = ctypes.CDLL(None)
         self.workdir, self.adj = workdir, adj
         self.child, self.to_child, self.child_fd = 0, -1, -1
         self.inbuf, self.childbuf = bytearray(), bytearray()
 
-    def interpreter(self, r: int) -> None:
-        """In the forked child: become the episode's interpreter, reading the pipe `r` as stdin."""
+    def interpreter(self, r: int, check: list[str] | None) -> None:
+        """In the forked child: (run the reset check with the arguments `check`, then) become the episode's
+        interpreter, reading the pipe `r` as stdin."""
         code = 1
         try:
             os.dup2(r, 0)
@@ -57,6 +64,8 @@ class _Keeper:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(self.adj)
             os.chdir(self.workdir)
+            if check is not None:
+                reset.main(check)  # its JSON line comes before the kernel's ready line
             kernel.main([])
             code = 0
         except SystemExit as e:
@@ -77,11 +86,11 @@ class _Keeper:
         while data:
             data = data[os.write(1, data) :]
 
-    def spawn(self) -> None:
+    def spawn(self, check: list[str] | None) -> None:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self.interpreter(r)
+            self.interpreter(r, check)
         os.close(r)
         os.set_blocking(w, False)
         self.child, self.to_child, self.child_fd = pid, w, os.pidfd_open(pid)
@@ -111,7 +120,8 @@ class _Keeper:
         elif req["keeper"] == "spawn":
             self.drop()
             self.say(reply)  # before the interpreter exists: its lines follow on the same stdout
-            self.spawn()
+            check = req.get("check")
+            self.spawn([str(a) for a in check] if isinstance(check, list) else None)
         else:
             self.say({**reply, "error": "unknown request"})
 

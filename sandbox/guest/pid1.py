@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -53,3 +54,7 @@ def main(args: list[str]) -> None:
             signal.sigtimedwait({signal.SIGCHLD}, 0.2)  # an orphan arrives: reap it at once
         except OSError:
             time.sleep(0.2)
+
+
+if __name__ == "__main__":  # run as `python3 -c SOURCE ARG...` (sandbox/programs.py)
+    main(sys.argv[1:])

@@ -3,8 +3,8 @@ an episode could have left behind.
 
 Between two episodes of a reused sandbox the backend first kills every process of the last episode (the local
 zygote with `kill(-1)`, the Docker host with the container's cgroup frozen), then runs this program as the sandbox
-user: in the zygote itself (sandbox/guest/zygote.py) or as the warm-up cell of the next interpreter on Docker
-(`python3 -c BOOT sandbox.guest.reset --empty DIR...`, printing one JSON object). It
+user: in the zygote itself (sandbox/guest/zygote.py) or, on Docker, in the keeper's child that becomes the next
+interpreter (sandbox/guest/keeper.py: `main(["--empty", DIR...])`, printing one JSON object before the ready line). It
 
 - empties RESET_DIRS (never following a link; folders made unreadable are opened up first) and, given the state
   the sandbox had when fresh, puts back those folders' modes and removes extended attributes added since;

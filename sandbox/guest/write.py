@@ -36,3 +36,7 @@ def main(args: list[str]) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+
+
+if __name__ == "__main__":  # run as `python3 -c SOURCE ARG...` (sandbox/programs.py)
+    main(sys.argv[1:])

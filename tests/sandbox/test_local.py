@@ -260,14 +260,15 @@ def test_owner_killed_while_bwrap_starts_leaves_no_sandbox_process():
     """A SIGKILL of the owner right after it started bwrap, before it read anything back (FAULT INJECTED: the child's
     _await_holder kills its own process): within seconds no process of that sandbox remains (the start-time kill of
     tests/flows/test_kill.py, made deterministic; random kill times: scripts/kill_during_start.py)."""
-    from sandbox.local import OWNER_ARG
+    from sandbox.reaper import OWNER_ARG
 
     script = textwrap.dedent("""
         import os, signal
-        from sandbox.local import LocalBackend, LocalSandbox, _owner_arg
+        from sandbox.local import LocalBackend, LocalSandbox
+        from sandbox.reaper import owner_arg
         from sandbox.result import SandboxConfig
         backend = LocalBackend(SandboxConfig(backend="local"), pool_size=0, prestart_interpreter=False)
-        print(_owner_arg(), flush=True)
+        print(owner_arg(), flush=True)
         def killed_owner(self, info_fd):  # FAULT: the owner dies the moment bwrap runs
             os.kill(os.getpid(), signal.SIGKILL)
         LocalSandbox._await_holder = killed_owner
@@ -369,23 +370,23 @@ def test_killed_calls_leave_no_orphans_and_close_is_prompt(sb):
     assert time.monotonic() - t < 1.0
 
 
-def test_reap_orphans_kills_only_sandbox_processes_whose_owner_is_gone():
-    """sandbox.local.reap_orphans: a process carrying the sandbox marker and a dead owner is killed; one whose owner
+def test_reap_local_kills_only_sandbox_processes_whose_owner_is_gone():
+    """sandbox.local.reap_local: a process carrying the sandbox marker and a dead owner is killed; one whose owner
     lives, and one without the marker, are left alone (real processes, no sandbox needed). The marker is the
     test's own: with MARKER, a command of another test running beside this one (each command reaps) killed the
     dead-owner process first, and this call found nothing to kill (a clean-clone CI run failed on `0 >= 1`)."""
-    from sandbox.local import MARKER, OWNER_ARG, _owner_arg, reap_orphans
+    from sandbox.reaper import MARKER, OWNER_ARG, owner_arg, reap_local
 
     marker = f"{MARKER}-test-{uuid.uuid4().hex}"
     code = "import time; time.sleep(120)"
     dead = subprocess.Popen([sys.executable, "-c", code, marker, f"{OWNER_ARG}999999999-1"])
-    live = subprocess.Popen([sys.executable, "-c", code, marker, _owner_arg()])
+    live = subprocess.Popen([sys.executable, "-c", code, marker, owner_arg()])
     other = subprocess.Popen([sys.executable, "-c", code, "not-a-sandbox", f"{OWNER_ARG}999999999-1"])
     try:
         time.sleep(0.3)
-        reap_orphans()  # what every command runs (MARKER): it leaves the test's processes alone
+        reap_local()  # what every command runs (MARKER): it leaves the test's processes alone
         assert dead.poll() is None
-        assert reap_orphans(marker) == 1
+        assert reap_local(marker) == 1
         assert dead.wait(timeout=10) == -signal.SIGKILL
         assert live.poll() is None and other.poll() is None
     finally:
@@ -394,12 +395,12 @@ def test_reap_orphans_kills_only_sandbox_processes_whose_owner_is_gone():
             p.wait()
 
 
-def test_reap_orphans_kills_the_group_of_a_dead_owners_bwrap():
+def test_reap_local_kills_the_group_of_a_dead_owners_bwrap():
     """A sandbox process that leads its process group (bwrap, started in a session of its own) is killed with its
     group: bwrap's child, cloned but not yet given the go-ahead, waits forever once its parent is gone (an orphaned
     copy of bwrap; reproduced with bwrap's --userns-block-fd). Here the leader carries the marker and a dead owner,
     its child in the same group carries neither: one call kills both, and counts the leader once."""
-    from sandbox.local import MARKER, OWNER_ARG, reap_orphans
+    from sandbox.reaper import MARKER, OWNER_ARG, reap_local
 
     marker = f"{MARKER}-test-{uuid.uuid4().hex}"
     code = "import subprocess, sys, time; c = subprocess.Popen(['sleep', '120']); print(c.pid, flush=True); time.sleep(120)"
@@ -408,7 +409,7 @@ def test_reap_orphans_kills_the_group_of_a_dead_owners_bwrap():
     try:
         child = int(leader.stdout.readline())
         assert os.getpgid(child) == leader.pid
-        assert reap_orphans(marker) == 1
+        assert reap_local(marker) == 1
         assert leader.wait(timeout=10) == -signal.SIGKILL
         deadline = time.monotonic() + 10
         while procfs.running(child) and time.monotonic() < deadline:  # its parent gone: init reaps it
