@@ -36,9 +36,9 @@ folder entries, modes, owners and extended attributes, /dev/mqueue, System V IPC
 the kernel keys; then the host requires that report to equal the container's fresh one, sees exactly PID 1, the
 keeper and the interpreter in the cgroup, and the same cgroup limits (memory, swap, pids, CPU). Any failure
 (including a keeper the episode killed and a new one that does not come up, or no cgroup reachable: a remote
-engine, not root) removes the container and counts it in `stats["reset_failed"]`. A closed handle stays closed. What a reset does not renew: pid and inode numbers continue
-and the container's uptime and cgroup counters (CPU used, OOM kills seen) carry over; Docker's seccomp profile
-refuses kernel keyrings, so there are none to clear.
+engine, not root) removes the container and counts it in `stats["reset_failed"]`. A closed handle stays closed.
+What a reset does not renew: pid and inode numbers continue and the container's uptime and cgroup counters (CPU
+used, OOM kills seen) carry over; Docker's seccomp profile refuses kernel keyrings, so there are none to clear.
 The parts every backend shares are not here: the verdict ladders (sandbox/verdicts.py), the capture rule
 (sandbox/capture.py), the file writer (sandbox/files.py), the warm pool (sandbox/pool.py), the in-sandbox programs
 (sandbox/guest/) and the interpreter-protocol client (sandbox/interpreter.py). Nor are the Docker parts that are

@@ -52,4 +52,3 @@ def _shipped(program: str) -> tuple[str, ...]:
 def command(python: str, program: str, *args: str) -> list[str]:
     """The argv that runs `program` (a key of PROGRAMS) with `python` and the given arguments."""
     return [python, *FLAGS[program], "-c", *_shipped(program), *args]
-
