@@ -1,7 +1,8 @@
 """Configuration of curation: what a training snapshot may contain and how sources are mixed.
 
 `CurateConfig` gathers the knobs of the filters, de-duplication, decontamination, human-demo import and mixing;
-`CurriculumConfig` those of the next round's task choice. Both are plain pydantic models (a Prefect flow shows
+`CurriculumConfig` those of the next round's task choice; `SynthesisConfig` what the task factory admits and
+`SynthesizeStageConfig` the flywheel's opt-in stage in front of it. Both are plain pydantic models (a Prefect flow shows
 them as forms). `config_hash` is the hash recorded beside every snapshot made with a config.
 This module does no curation itself.
 """
@@ -13,6 +14,8 @@ import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agents.config import PolicyConfig
 
 SourceName = Literal["teacher", "student", "human", "reference"]
 
@@ -218,3 +221,58 @@ def config_hash(cfg: BaseModel) -> str:
     """sha256 of the config's canonical JSON: the same settings give the same hash in any process."""
     blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class SynthesisConfig(BaseModel):
+    """What `flywheel tasks synthesize` admits, and what it checks against."""
+
+    model_config = ConfigDict(extra="forbid")
+    k: int = Field(default=3, ge=1, le=20, description="Re-grades of the oracle's final state (count); any that "
+                                                       "disagrees with the oracle's own verdict refuses as flaky.")
+    workers: int = Field(default=2, ge=1, le=16, description="Candidates audited at once (count).")
+    heldout: list[str] = Field(
+        default_factory=lambda: ["arithmetic", "code", "mathword"],
+        description="Suites whose held-out split no candidate may copy: built-in suite names, task files or "
+                    "Harbor folders (their tasks marked split = \"heldout\").")
+    heldout_n: int = Field(default=50, ge=1, description="Held-out tasks taken of each built-in suite (count).")
+    heldout_seed: int = Field(default=0, description="Seed of the built-in suites' held-out tasks.")
+    max_bytes: int = Field(default=256 * 1024, gt=0, description="Largest task folder (bytes of its texts).")
+    max_files: int = Field(default=64, gt=0, description="Most files in a task folder (count).")
+    max_memory_mb: int = Field(default=512, gt=0, description="Largest [environment] memory_mb a task may ask (MB).")
+    max_cpus: float = Field(default=1.0, gt=0, description="Most [environment] cpus a task may ask (cores).")
+    max_timeout_s: float = Field(default=120.0, gt=0, description="Longest agent or verifier timeout (seconds).")
+    min_leak_line: int = Field(default=24, ge=8, description="Shortest tests/ line whose presence in the "
+                                                            "instruction is a leak of the test (characters).")
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig,
+                                     description="The decontamination rules used for held-out copies and duplicates.")
+
+class SynthesizeStageConfig(BaseModel):
+    """`flywheel.synthesize`: after each round but the last, grow the train pool with tasks near the student's
+    failures (curate/frontier.py), admitted as `flywheel tasks synthesize` admits (needs Docker)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(default=False, description="Run the stage (opt-in).")
+    candidates: int = Field(default=8, ge=1, le=1000, description="Candidates written per round (count), split "
+                                                                 "over the frontier's cells by their failures.")
+    folder: str = Field(default="", description="Where admitted tasks go, one folder per run and round "
+                                                "(FOLDER/RUN_ID/round-R); empty: RUN_OUT/synthesized (run.out "
+                                                "must then be a local folder).")
+    writer: Literal["reference", "openai"] = Field(
+        default="reference", description="'reference': the ledger family, offline, near failed ledger tasks (their "
+        "knobs fixed); 'openai': an OpenAI-compatible endpoint (writer_policy) shown the failed tasks of each cell "
+        "as seeds, near failed Harbor tasks of any kind.")
+    writer_policy: PolicyConfig | None = Field(default=None, description="The openai writer's endpoint: kind "
+                                               "'openai' with base_url and model (max_tokens, prices apply); "
+                                               "required with writer = 'openai'.")
+    writer_seeds: int = Field(default=3, ge=1, le=20, description="Failed tasks of a cell shown to the openai "
+                                                                  "writer as seeds (count).")
+    admission: SynthesisConfig = Field(default_factory=SynthesisConfig,
+                                       description="The admission's knobs; the run's own held-out tasks are "
+                                                   "always checked beside admission.heldout.")
+
+    @model_validator(mode="after")
+    def _writer_has_an_endpoint(self) -> SynthesizeStageConfig:
+        if self.writer == "openai" and (self.writer_policy is None or self.writer_policy.kind != "openai"):
+            raise ValueError("flywheel.synthesize.writer = 'openai' needs writer_policy = {kind = 'openai', "
+                             "base_url = '...', model = '...'}")
+        return self

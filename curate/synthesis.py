@@ -3,13 +3,14 @@
 `synthesize(candidates, cfg, out=..., backend=...)` takes candidates (a draft, or the reason a writer's reply was
 no draft) and, per candidate:
 1. static checks (curate/admission.py): resource limits, leaks of the test or the answer into the instruction,
-   a copy of a held-out task (the decontamination rules against the held-out tasks of `cfg.heldout`); the draft
+   a copy of a held-out task (the decontamination rules against the held-out tasks of `cfg.heldout` and those the
+   caller adds: the flywheel's synthesize stage adds its run's); the draft
    is written to a staging folder and loaded as a Harbor task (invalid_task when it does not load);
 2. its image is built (build_failed);
 3. agents/audit.py audits it with the perturbed oracles on: the oracle must pass and K re-grades agree with it,
    the null agent fail, every perturbed oracle fail;
 4. a candidate that passed everything is a duplicate when the decontamination rules match it to a task admitted
-   before it (in candidate order) or already in `out`;
+   before it (in candidate order), already in `out`, or among the caller's `existing` tasks;
 and moves the admitted folders into `out` (one rename each: a folder is there whole or not at all; refused ones
 are deleted). A candidate refused by a static check is not built or audited (its reason codes are the static
 ones). Every candidate becomes one `SynthesisRow` (the lake's task_synthesis table). This module does not call a
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from agents.audit import HealthRow, audit_tasks
 from curate.admission import (
@@ -39,7 +40,7 @@ from curate.admission import (
     limit_reasons,
     with_files,
 )
-from curate.config import DecontamConfig
+from curate.config import SynthesisConfig
 from curate.decontam import Decontaminator
 from sandbox.result import Backend, SandboxUnavailable
 from tasks.factory.draft import Candidate, write_folder
@@ -47,30 +48,6 @@ from tasks.spec import Task
 
 ADMITTED = "admitted"
 REFUSED = "refused"
-
-
-class SynthesisConfig(BaseModel):
-    """What `flywheel tasks synthesize` admits, and what it checks against."""
-
-    model_config = ConfigDict(extra="forbid")
-    k: int = Field(default=3, ge=1, le=20, description="Re-grades of the oracle's final state (count); any that "
-                                                       "disagrees with the oracle's own verdict refuses as flaky.")
-    workers: int = Field(default=2, ge=1, le=16, description="Candidates audited at once (count).")
-    heldout: list[str] = Field(
-        default_factory=lambda: ["arithmetic", "code", "mathword"],
-        description="Suites whose held-out split no candidate may copy: built-in suite names, task files or "
-                    "Harbor folders (their tasks marked split = \"heldout\").")
-    heldout_n: int = Field(default=50, ge=1, description="Held-out tasks taken of each built-in suite (count).")
-    heldout_seed: int = Field(default=0, description="Seed of the built-in suites' held-out tasks.")
-    max_bytes: int = Field(default=256 * 1024, gt=0, description="Largest task folder (bytes of its texts).")
-    max_files: int = Field(default=64, gt=0, description="Most files in a task folder (count).")
-    max_memory_mb: int = Field(default=512, gt=0, description="Largest [environment] memory_mb a task may ask (MB).")
-    max_cpus: float = Field(default=1.0, gt=0, description="Most [environment] cpus a task may ask (cores).")
-    max_timeout_s: float = Field(default=120.0, gt=0, description="Longest agent or verifier timeout (seconds).")
-    min_leak_line: int = Field(default=24, ge=8, description="Shortest tests/ line whose presence in the "
-                                                            "instruction is a leak of the test (characters).")
-    decontam: DecontamConfig = Field(default_factory=DecontamConfig,
-                                     description="The decontamination rules used for held-out copies and duplicates.")
 
 
 class SynthesisRow(BaseModel):
@@ -98,6 +75,13 @@ class SynthesisRow(BaseModel):
     writer_s: float = 0.0
     build_s: float = 0.0
     audit_s: float = 0.0
+    run_id: str | None = Field(default=None, description="The flywheel run whose synthesize stage asked for it "
+                                                          "(None from `flywheel tasks synthesize`).")
+    round: int | None = Field(default=None, description="The round whose failures asked for it.")
+    frontier: str | None = Field(default=None, description="The failure frontier's cell it was written near "
+                                                           "(curate/frontier.py FrontierCell.key).")
+    asked_by: list[str] = Field(default_factory=list, description="Trajectory ids of the student's failed "
+                                                                  "episodes in that cell.")
 
 
 @dataclass
@@ -143,15 +127,18 @@ def _load(folder: Path) -> tuple[Task | None, str | None]:
 
 
 def synthesize(candidates: list[Candidate], cfg: SynthesisConfig, *, out: Path, backend: Backend,
-               synthesis_id: str) -> SynthesisResult:
-    """Admit or refuse every candidate (see the module docstring); admitted folders end up in `out`."""
+               synthesis_id: str, heldout: list[Task] | None = None, existing: list[Task] | None = None
+               ) -> SynthesisResult:
+    """Admit or refuse every candidate (see the module docstring); admitted folders end up in `out`. `heldout`:
+    more held-out tasks no candidate may copy, beside those of cfg.heldout (the flywheel's run passes its own);
+    `existing`: more tasks no candidate may duplicate, beside those in `out` (the run's train pool)."""
     from tasks.harbor import build_images
 
     out.mkdir(parents=True, exist_ok=True)
     staging = out / f".staging-{synthesis_id}"
     staging.mkdir()
     try:
-        heldout = Decontaminator(with_files(load_heldout(cfg)), cfg.decontam)
+        heldout_index = Decontaminator(with_files(load_heldout(cfg) + list(heldout or [])), cfg.decontam)
         rows: dict[str, SynthesisRow] = {}
         tasks: dict[str, Task] = {}
         for c in candidates:
@@ -182,7 +169,7 @@ def synthesize(candidates: list[Candidate], cfg: SynthesisConfig, *, out: Path, 
                     codes.append(INVALID_TASK)
                     row.detail = problem
             if task is not None:
-                hit = heldout.match(as_episode(task))
+                hit = heldout_index.match(as_episode(task))
                 if hit is not None:
                     codes.append(HELDOUT_COPY)
                     row.detail = f"{hit.rule}: {hit.heldout_id}"
@@ -202,9 +189,9 @@ def synthesize(candidates: list[Candidate], cfg: SynthesisConfig, *, out: Path, 
         health = audit_tasks([t for _, t in audited], backend, k=cfg.k, workers=cfg.workers, perturb=True)
         for (cid, _), h in zip(audited, health):
             _audit_figures(rows[cid], h)
-        existing = [t for p in sorted(out.iterdir()) if p.is_dir() and not p.name.startswith(".")
-                    and (t := _load(p)[0]) is not None]
-        dups = DuplicateIndex(existing, cfg.decontam)
+        there = [t for p in sorted(out.iterdir()) if p.is_dir() and not p.name.startswith(".")
+                 and (t := _load(p)[0]) is not None]
+        dups = DuplicateIndex(there + list(existing or []), cfg.decontam)
         admitted: list[Path] = []
         for cid, task in audited:
             row = rows[cid]

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents.config import MixtureConfig, PolicyConfig, RolloutConfig
 from agents.reference import ReferenceNoise
-from curate.config import CurateConfig, CurriculumConfig
+from curate.config import CurateConfig, CurriculumConfig, SynthesizeStageConfig
 from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
 from tasks.judge.api import JudgeConfig, RewardConfig
@@ -231,6 +231,10 @@ class FlywheelSection(BaseModel):
                                                           "in a child process while round r trains (they depend on no "
                                                           "student); off: inside round r+1's teacher stage.")
     grpo_max_tasks: int = Field(default=64, gt=0, description="At most this many GRPO tasks per round.")
+    synthesize: SynthesizeStageConfig = Field(
+        default_factory=SynthesizeStageConfig, description="The opt-in task factory stage: after each round but the "
+        "last, tasks near the student's failed train tasks (their family and knobs), admitted by verifier health, "
+        "join the train pool from the next round on, with their lineage in the task_synthesis table.")
     promote: Literal["grpo_unless_worse", "grpo", "sft"] = Field(
         default="grpo_unless_worse", description="In a round with GRPO, which checkpoint goes on (scored as the "
         "student, rolls out, seeds the next round), after both are scored on the held-out split: "
@@ -325,6 +329,19 @@ class FlywheelConfig(BaseModel):
                            ("flywheel.later_sft_steps", self.flywheel.later_sft_steps)):
             if problem := self.sft.late_phase_problem(key, steps):
                 raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _synthesize_can_run(self) -> FlywheelConfig:
+        """flywheel.synthesize writes near the student's train failures, into a local folder."""
+        syn = self.flywheel.synthesize
+        if syn.enabled and self.flywheel.student_train_samples == 0:
+            raise ValueError("flywheel.synthesize.enabled needs the student's train rollouts (their failures are what "
+                             "it writes near); set flywheel.student_train_samples to 1 or more, or turn it off")
+        out = self.run.out
+        if syn.enabled and not syn.folder and "://" in out and not out.startswith("file://"):
+            raise ValueError(f"flywheel.synthesize writes Harbor task folders, and run.out ({out}) is not a local "
+                             "folder; set flywheel.synthesize.folder to a local folder")
         return self
 
     def to_toml(self) -> str:

@@ -25,8 +25,8 @@ from flows.rollouts import (
     heldout_tasks,
     rollout_backend,
     rollout_rows,
-    schedule_train_tasks,
     teacher_configs,
+    train_pool,
 )
 from flows.stages import StageTimer, checkpoint_rows, metric, score_rows, suite_rows
 from training.scoring import EpisodeRunner, Sampling, score_checkpoint, score_policy, student_policy
@@ -185,7 +185,7 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
 
     timer = StageTimer()
     fw = cfg.flywheel
-    train = schedule_train_tasks(cfg, lambda from_round: from_round <= round)[: fw.student_train_tasks]
+    train = train_pool(cfg, run_id, lambda from_round: from_round <= round)[: fw.student_train_tasks]
     name = f"student-r{round}"
     with rollout_backend(cfg, []) as backend:
         if scored is not None:

@@ -11,7 +11,9 @@ round starts from the incumbent (the decision, per-suite deltas and a reason cod
 the ledger). The student that goes on is recorded with its held-out scores as the round's student and rolls out on
 the train tasks (its successes enter round r+1 as source student); the mismatch panel compares those rollouts'
 logprobs with the trainer's (flows/train.py `stage_mismatch`) and a crossed `[mismatch]` threshold keeps the
-previous student for round r+1 (a warning names it); metrics land in the rounds table and the report is rebuilt. The
+previous student for round r+1 (a warning names it); with `flywheel.synthesize` on, the synthesize stage
+(flows/synthesize.py) then admits tasks near the student's failed train tasks, which join the train pool from round
+r+1 on; metrics land in the rounds table and the report is rebuilt. The
 teacher's rollouts on the suites that join round r+1 need no student, so they run in a low-priority child process
 while round r trains, and round 1's while round 0 builds and scores the base (`flywheel.teacher_ahead`; training
 holds one core, they use the other); round r+1's teacher stage finds them written and adds only the tasks the
@@ -45,6 +47,7 @@ from flows.evaluate import stage_baseline, stage_control, stage_student
 from flows.generate import new_run_id, stage_teacher, teacher_ahead_process
 from flows.rollouts import check_teacher_and_sandbox, preflight_once
 from flows.stages import Ledger
+from flows.synthesize import stage_synthesize
 from flows.train import stage_base, stage_grpo, stage_mismatch, stage_sft
 
 
@@ -163,6 +166,8 @@ def flywheel_flow(cfg: FlywheelConfig, resume: bool = False, rounds: Rounds | No
             _stage(ledger, r, "student", partial(stage_student, cfg=cfg, run_id=run_id, round=r, student=goes_on,
                                                  scored=ctrl["student_metrics"]))
             student = _promote(ledger, cfg, run_id, r, goes_on, incumbent)
+            if cfg.flywheel.synthesize.enabled and r < cfg.flywheel.rounds:
+                _stage(ledger, r, "synthesize", partial(stage_synthesize, cfg=cfg, run_id=run_id, round=r))
         finally:
             _finish_teacher_ahead(ahead, r + 1)
         compact(root, run_id)
@@ -214,8 +219,26 @@ def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
         for step in c.flywheel.suites:
             check_suite(step.suite)
         check_teacher_and_sandbox(c)
+        if c.flywheel.synthesize.enabled:
+            check_synthesize(c)
 
     preflight_once("flywheel", cfg, check, recheck=recheck)
+
+
+def check_synthesize(cfg: FlywheelConfig) -> None:
+    """Preflight of flywheel.synthesize: SandboxUnavailable without Docker (the tasks it admits are Harbor tasks),
+    EndpointError for an openai writer that does not answer (the config's own checks are FlywheelConfig's)."""
+    from sandbox.backend import check_backend
+    from sandbox.result import SandboxConfig, SandboxUnavailable
+
+    try:
+        check_backend(SandboxConfig(backend="docker"))
+    except SandboxUnavailable as e:
+        raise SandboxUnavailable(f"flywheel.synthesize admits Harbor tasks, which need Docker: {e}") from None
+    if cfg.flywheel.synthesize.writer_policy is not None:
+        from agents.config import check_policy
+
+        check_policy(cfg.flywheel.synthesize.writer_policy)
 
 
 def print_summary(s: FlywheelSummary) -> None:

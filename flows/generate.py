@@ -31,9 +31,10 @@ from flows.rollouts import (
     rollout_backend,
     rollout_rows,
     rollout_to_lake,
-    schedule_train_tasks,
+    synthesized_tasks,
     teacher_configs,
     teacher_name,
+    train_pool,
 )
 from flows.runners import make_task_runner, submit_all
 from flows.stages import Ledger, StageTimer, metric
@@ -87,15 +88,16 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = 
 
 @task(name="teacher-rollout", **ENDPOINT_RETRIES)
 def stage_teacher(cfg: FlywheelConfig, run_id: str, round: int) -> dict[str, Any]:
-    """The flywheel's teacher stage: every train task of the suites joining this round, and the earlier suites'
-    tasks that the student still fails (the curriculum); yield, hack rates and tokens into the rounds table."""
+    """The flywheel's teacher stage: every train task of the suites joining this round (and of the tasks
+    flywheel.synthesize admitted after the round before), and the earlier tasks that the student still fails (the
+    curriculum); yield, hack rates and tokens into the rounds table."""
     from curate.curriculum import plan_curriculum
     from warehouse.lake import write_rows
     from warehouse.score import pass_rate, scored
 
     timer = StageTimer()
-    new = joining_tasks(cfg, round)
-    earlier = schedule_train_tasks(cfg, lambda from_round: from_round < round)
+    new = synthesized_tasks(cfg, run_id, lambda joins: joins == round) + joining_tasks(cfg, round)
+    earlier = train_pool(cfg, run_id, lambda joins: joins < round)
     chosen = new
     if earlier:
         # Suites the teacher already covered: only the tasks the student still fails get the teacher again.

@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.concurrency import rollout_slots
@@ -37,6 +38,32 @@ def schedule_train_tasks(cfg: FlywheelConfig, joins: Callable[[int], bool] = lam
     """The train tasks of the schedule's suites whose first round satisfies `joins` (default: every suite)."""
     return [t for step in cfg.flywheel.suites if joins(step.from_round)
             for t in suite_tasks(step, "train", cfg.run.seed)]
+
+
+def synthesized_folder(cfg: FlywheelConfig, run_id: str, round: int) -> Path:
+    """Where `flywheel.synthesize` puts the tasks it admitted after `round`: FOLDER/RUN_ID/round-R."""
+    base = cfg.flywheel.synthesize.folder or f"{cfg.run.out.removeprefix('file://')}/synthesized"
+    return Path(base) / run_id / f"round-{round}"
+
+
+def synthesized_tasks(cfg: FlywheelConfig, run_id: str, joins: Callable[[int], bool]) -> list:
+    """The tasks `flywheel.synthesize` admitted in this run whose first training round (the one after the round
+    that asked for them) satisfies `joins`; suite `synthesized`, images built (reused when present)."""
+    from tasks.harbor import is_harbor_dir, load_harbor
+
+    if not cfg.flywheel.synthesize.enabled:
+        return []
+    out = []
+    for r in range(1, cfg.flywheel.rounds):
+        folder = synthesized_folder(cfg, run_id, r)
+        if joins(r + 1) and is_harbor_dir(folder):
+            out += [t.model_copy(update={"suite": "synthesized"}) for t in load_harbor(folder, build=True)]
+    return out
+
+
+def train_pool(cfg: FlywheelConfig, run_id: str, joins: Callable[[int], bool]) -> list:
+    """Every train task whose first round satisfies `joins`: the synthesized ones first, then the schedule's."""
+    return synthesized_tasks(cfg, run_id, joins) + schedule_train_tasks(cfg, joins)
 
 
 def joining_tasks(cfg: FlywheelConfig, round: int) -> list:

@@ -7,7 +7,8 @@ round (incumbent, SFT, GRPO and the student that went on, greedy and sampled); i
 episodes, stage grpo). Tables: held-out pass rate, the SFT-only control and GRPO's steps (runs with GRPO), the
 verifier health of the run's tasks per suite (from `flywheel tasks audit`'s verifier_health rows, when there are
 any), the task factory's funnel and cost per writer (every task_synthesis row of the lake, when there are any: the
-factory is not tied to a run), all round metrics. Written to ROOT/runs/RUN_ID/report/ (local roots; a remote root gets its report in a
+factory is not tied to a run) and the tasks the run's synthesize stage grew from its student's failures (per round
+and frontier cell), all round metrics. Written to ROOT/runs/RUN_ID/report/ (local roots; a remote root gets its report in a
 local folder named in the result). Reads only; trains nothing.
 """
 
@@ -231,6 +232,18 @@ def synthesis_cost(root: str) -> list[dict[str, Any]]:
         FROM task_synthesis GROUP BY writer ORDER BY writer""").to_pylist()
 
 
+def synthesis_lineage(root: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's synthesize stage (flywheel.synthesize) per round and failure-frontier cell: the student's failed
+    episodes that asked, the candidates written near them, how many were admitted. Empty for a lake whose
+    task_synthesis rows predate lineage."""
+    if "run_id" not in {r["column_name"] for r in query(root, "DESCRIBE task_synthesis").to_pylist()}:
+        return []
+    return query(root, """
+        SELECT round, frontier, max(len(asked_by)) AS failures, COUNT(*) AS candidates,
+               SUM((decision = 'admitted')::INTEGER) AS admitted
+        FROM task_synthesis WHERE run_id = ? GROUP BY round, frontier ORDER BY round, frontier""", [run_id]).to_pylist()
+
+
 def _folder(root: str, run_id: str) -> Path:
     if "://" in root and not root.startswith("file://"):
         return Path("runs") / "reports" / run_id
@@ -364,8 +377,11 @@ def build_report(root: str, run_id: str) -> Report:
     if health:
         md += ["## Verifier health (flywheel tasks audit)\n", _md_table(health)]
     funnel, cost = synthesis_funnel(str(root)), synthesis_cost(str(root))
+    lineage = synthesis_lineage(str(root), run_id) if funnel else []
     if funnel:
         md += ["## Task factory (flywheel tasks synthesize)\n", _md_table(cost), _md_table(funnel)]
+    if lineage:
+        md += ["## Tasks grown from the student's failures (flywheel.synthesize)\n", _md_table(lineage)]
     md += ["## All round metrics\n", _md_table([{k: r[k] for k in ("round", "stage", "subject", "split", "suite",
                                                                     "metric", "value")} for r in other])]
     markdown = "\n".join(md)
@@ -380,6 +396,8 @@ def build_report(root: str, run_id: str) -> Report:
         body += f"<h2>Verifier health (flywheel tasks audit)</h2>{_html_table(health)}"
     if funnel:
         body += f"<h2>Task factory (flywheel tasks synthesize)</h2>{_html_table(cost)}{_html_table(funnel)}"
+    if lineage:
+        body += f"<h2>Tasks grown from the student's failures (flywheel.synthesize)</h2>{_html_table(lineage)}"
     body += f"<h2>All round metrics</h2>{_html_table(other)}"
     (folder / "report.html").write_text(
         f"<!doctype html><meta charset=utf-8><title>flywheel {html.escape(run_id)}</title>"

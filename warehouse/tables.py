@@ -115,6 +115,10 @@ TASK_SYNTHESIS_SCHEMA = pa.schema(
         ("writer_s", pa.float64()),
         ("build_s", pa.float64()),
         ("audit_s", pa.float64()),
+        ("run_id", pa.string()),  # lineage (flywheel.synthesize): the run, the round and the frontier cell that
+        ("round", pa.int32()),  # asked for the candidate, and the failed trajectories of that cell;
+        ("frontier", pa.string()),  # null from `flywheel tasks synthesize`
+        ("asked_by", pa.list_(pa.string())),
         ("created_at", _TS),
     ]
 )

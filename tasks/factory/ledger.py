@@ -6,7 +6,10 @@ column (sum, count, max or min) per file or per subfolder, and write the result 
 object, a CSV table sorted by group, or `group: value` lines largest first) to a given path. Folder, subfolder and
 file names, column names and order, delimiter, data values, the key value, aggregate, grouping, output path and
 format and the instruction's wording all vary: with the vocabularies below, many millions of distinct tasks.
-`ledger_drafts(n, seed=...)` is deterministic: candidate i depends on (seed, i) only.
+`ledger_drafts(n, seed=...)` is deterministic: candidate i depends on (seed, i) only. `ledger_near(knobs, ...)`
+writes a task with some of the family's KNOBS fixed (the aggregate, the grouping, the output format: what sets a
+task's difficulty) and everything else new: how the flywheel's synthesize stage asks for tasks near the ones its
+student fails (curate/frontier.py).
 The oracle (guest/ledger_solve.py) and the check (guest/ledger_check.py, with the expected output in
 tests/expected.json, never in the instruction) are real modules, copied into each folder with test.sh and
 solve.sh. This module writes no folder (tasks/factory/draft.py does) and admits nothing.
@@ -80,6 +83,7 @@ OUT_LINES = {
 OUT_DIRS = ["out", "results", "summary", "report", "output"]
 OUT_NAMES = ["totals", "result", "summary", "by_group", "answer", "figures", "tally"]
 EXT = {"json": "json", "csv": "csv", "lines": "txt"}
+KNOBS = {"aggregate": AGGREGATES, "group_by": ["file", "folder"], "format": FORMATS}  # knob -> its values
 
 
 def _guest(name: str) -> str:
@@ -93,16 +97,36 @@ def _value(rng: random.Random, col: str) -> str:
 
 def ledger_draft(seed: int, index: int) -> TaskDraft:
     """Candidate `index` of the family for `seed` (deterministic)."""
-    rng = random.Random(f"ledger:{seed}:{index}")
+    return _draft(random.Random(f"ledger:{seed}:{index}"), name=f"ledger-{seed}-{index}", seed=seed, index=index)
+
+
+def ledger_near(knobs: dict[str, str], *, seed: int, round: int, index: int) -> TaskDraft:
+    """A task with `knobs` (a subset of KNOBS, e.g. {"aggregate": "max", "format": "lines"}) fixed and its data,
+    names and wording new; deterministic in (knobs, seed, round, index), named after all four
+    (ledger-s{seed}-r{round}-{index}-{knob values}), so that two tasks of one name are the same task.
+    ValueError for a knob or value the family does not have."""
+    for k, v in knobs.items():
+        if v not in KNOBS.get(k, ()):
+            raise ValueError(f"ledger has no knob {k}={v!r}; its knobs: {KNOBS}")
+    fixed = ",".join(f"{k}={knobs[k]}" for k in sorted(knobs))
+    name = "-".join([f"ledger-s{seed}-r{round}-{index}", *(knobs[k] for k in sorted(knobs))])
+    return _draft(random.Random(f"ledger-near:{seed}:{round}:{index}:{fixed}"), name=name, seed=seed, index=index,
+                  knobs=knobs)
+
+
+def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[str, str] | None = None) -> TaskDraft:
+    """One task from `rng`; a knob in `knobs` replaces the value drawn for it (the draws themselves are the same
+    with or without knobs, so that ledger_draft's stream never changes)."""
+    knobs = knobs or {}
     root = rng.choice(ROOTS)
     delim, delim_name = rng.choice([(",", ","), (";", ";"), ("|", "|")])
     key = rng.choice(sorted(KEYS))
     key_values = KEYS[key]
     target = rng.choice(key_values)
     col = rng.choice(sorted(VALUES))
-    agg = rng.choice(AGGREGATES)
-    group_by = rng.choice(["file", "folder"])
-    fmt = rng.choice(FORMATS)
+    agg = knobs.get("aggregate", rng.choice(AGGREGATES))
+    group_by = knobs.get("group_by", rng.choice(["file", "folder"]))
+    fmt = knobs.get("format", rng.choice(FORMATS))
     out = f"/app/{rng.choice(OUT_DIRS)}/{rng.choice(OUT_NAMES)}.{EXT[fmt]}"
     columns = ["id", key, col] + rng.sample(EXTRA, rng.randint(0, 2))
     rng.shuffle(columns)
@@ -126,8 +150,8 @@ def ledger_draft(seed: int, index: int) -> TaskDraft:
     cells[columns.index(key)] = target
     body[0] = delim.join(cells)
     files[first] = "\n".join([head, *body]) + "\n"
-    for name, text in rng.sample(DISTRACTORS, rng.randint(1, 3)):
-        where = f"{root}/{rng.choice(subs)}/{name}"
+    for extra_name, text in rng.sample(DISTRACTORS, rng.randint(1, 3)):
+        where = f"{root}/{rng.choice(subs)}/{extra_name}"
         # a distractor with the CSV's shape: a wrong answer for an agent that does not skip it
         files[where] = text if text is not None else files[first]
     params = {"folder": f"/app/{root}", "delimiter": delim, "key_column": key, "key_value": target,
@@ -142,7 +166,7 @@ def ledger_draft(seed: int, index: int) -> TaskDraft:
         " ".join([rng.choice(SKIP_LINES), EMPTY_LINE]),
         rng.choice(OUT_LINES[fmt]).format(out=out)])
     return TaskDraft(
-        name=f"ledger-{seed}-{index}", family=FAMILY, instruction=instruction, files=files,
+        name=name, family=FAMILY, instruction=instruction, files=files,
         tests={"test.sh": _guest("test.sh"), "ledger_check.py": _guest("ledger_check.py"),
                "expected.json": json.dumps({"output": out, "groups": expected}, indent=1) + "\n"},
         solution={"solve.sh": _guest("solve.sh"), "ledger_solve.py": _guest("ledger_solve.py"),
