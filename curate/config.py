@@ -2,8 +2,8 @@
 
 `CurateConfig` gathers the knobs of the filters, de-duplication, decontamination, human-demo import and mixing;
 `CurriculumConfig` those of the next round's task choice; `SynthesisConfig` what the task factory admits and
-`SynthesizeStageConfig` the flywheel's opt-in stage in front of it. Both are plain pydantic models (a Prefect flow shows
-them as forms). `config_hash` is the hash recorded beside every snapshot made with a config.
+`SynthesizeStageConfig` the flywheel's opt-in stage in front of it. All are plain pydantic models (a Prefect flow
+shows them as forms). `config_hash` is the hash recorded beside every snapshot made with a config.
 This module does no curation itself.
 """
 
@@ -246,6 +246,7 @@ class SynthesisConfig(BaseModel):
     decontam: DecontamConfig = Field(default_factory=DecontamConfig,
                                      description="The decontamination rules used for held-out copies and duplicates.")
 
+
 class SynthesizeStageConfig(BaseModel):
     """`flywheel.synthesize`: after each round but the last, grow the train pool with tasks near the student's
     failures (curate/frontier.py), admitted as `flywheel tasks synthesize` admits (needs Docker)."""
@@ -262,8 +263,9 @@ class SynthesizeStageConfig(BaseModel):
         "knobs fixed); 'openai': an OpenAI-compatible endpoint (writer_policy) shown the failed tasks of each cell "
         "as seeds, near failed Harbor tasks of any kind.")
     writer_policy: PolicyConfig | None = Field(default=None, description="The openai writer's endpoint: kind "
-                                               "'openai' with base_url and model (max_tokens, prices apply); "
-                                               "required with writer = 'openai'.")
+                                               "'openai' with base_url and model (prices apply; max_tokens "
+                                               "4096 unless set, as `flywheel tasks synthesize`); required with "
+                                               "writer = 'openai'.")
     writer_seeds: int = Field(default=3, ge=1, le=20, description="Failed tasks of a cell shown to the openai "
                                                                   "writer as seeds (count).")
     admission: SynthesisConfig = Field(default_factory=SynthesisConfig,
@@ -275,4 +277,7 @@ class SynthesizeStageConfig(BaseModel):
         if self.writer == "openai" and (self.writer_policy is None or self.writer_policy.kind != "openai"):
             raise ValueError("flywheel.synthesize.writer = 'openai' needs writer_policy = {kind = 'openai', "
                              "base_url = '...', model = '...'}")
+        if self.writer_policy is not None and "max_tokens" not in self.writer_policy.model_fields_set:
+            # a whole task in JSON: a chat reply's default 512 tokens cut most of them
+            self.writer_policy = self.writer_policy.model_copy(update={"max_tokens": 4096})
         return self

@@ -28,7 +28,8 @@ from tasks.factory.ledger import KNOBS as LEDGER_KNOBS
 from tasks.factory.ledger import ledger_near
 from tasks.spec import Task
 
-FAMILIES = {LEDGER: tuple(sorted(LEDGER_KNOBS))}  # family the factory writes -> the knobs a cell fixes
+FAMILIES = {LEDGER: LEDGER_KNOBS}  # family the factory writes -> the knobs a cell fixes -> their values
+WORDS = {"easy": 1, "medium": 2, "hard": 3}  # Harbor's difficulty words
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,22 @@ class Frontier:
     outside: int  # failures on tasks of no factory family
 
 
+def _difficulty(meta: dict, task: Task) -> int:
+    """task.toml's [metadata] difficulty: a number, or Harbor's easy/medium/hard; else the task's own."""
+    d = meta.get("difficulty")
+    if isinstance(d, int) or (isinstance(d, str) and d.isdigit()):
+        return int(d)
+    return WORDS.get(str(d).lower(), task.difficulty)
+
+
 def _cell_of(task: Task, any_harbor: bool) -> tuple[str, int, dict[str, str]] | None:
     meta = (task.metadata or {}).get("task_metadata") or {}
     family = meta.get("family")
     knobs = FAMILIES.get(family)
-    difficulty = int(meta.get("difficulty", task.difficulty))
-    if knobs is not None and all(k in meta for k in knobs):
-        return family, difficulty, {k: str(meta[k]) for k in knobs}
+    if knobs is not None and all(str(meta.get(k)) in values for k, values in knobs.items()):
+        return family, _difficulty(meta, task), {k: str(meta[k]) for k in sorted(knobs)}
     if any_harbor and (task.metadata or {}).get("source_format") == "harbor":
-        return str(family or task.suite), difficulty, {}
+        return str(family or task.suite), _difficulty(meta, task), {}
     return None
 
 

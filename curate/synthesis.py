@@ -10,7 +10,8 @@ no draft) and, per candidate:
 3. agents/audit.py audits it with the perturbed oracles on: the oracle must pass and K re-grades agree with it,
    the null agent fail, every perturbed oracle fail;
 4. a candidate that passed everything is a duplicate when the decontamination rules match it to a task admitted
-   before it (in candidate order), already in `out`, or among the caller's `existing` tasks;
+   before it (in candidate order), already in `out`, or among the caller's `existing` tasks (a candidate named
+   like one of those is refused as a duplicate before anything is built);
 and moves the admitted folders into `out` (one rename each: a folder is there whole or not at all; refused ones
 are deleted). A candidate refused by a static check is not built or audited (its reason codes are the static
 ones). Every candidate becomes one `SynthesisRow` (the lake's task_synthesis table). This module does not call a
@@ -141,6 +142,7 @@ def synthesize(candidates: list[Candidate], cfg: SynthesisConfig, *, out: Path, 
         heldout_index = Decontaminator(with_files(load_heldout(cfg) + list(heldout or [])), cfg.decontam)
         rows: dict[str, SynthesisRow] = {}
         tasks: dict[str, Task] = {}
+        taken = {t.id for t in existing or []}
         for c in candidates:
             row = SynthesisRow(synthesis_id=synthesis_id, candidate_id=c.candidate_id, writer=c.writer,
                                family=c.family, decision=REFUSED, seed_tasks=c.seed_tasks,
@@ -156,7 +158,7 @@ def synthesize(candidates: list[Candidate], cfg: SynthesisConfig, *, out: Path, 
                                   max_memory_mb=cfg.max_memory_mb, max_cpus=cfg.max_cpus,
                                   max_timeout_s=cfg.max_timeout_s)
             codes += leak_reasons(d, min_leak_line=cfg.min_leak_line)
-            if (out / d.name).exists() or (staging / d.name).exists():
+            if (out / d.name).exists() or (staging / d.name).exists() or f"synth/{d.name}" in taken:
                 codes.append(DUPLICATE)
                 row.detail = f"a task named {d.name} exists already"
             task = None

@@ -335,9 +335,10 @@ class FlywheelConfig(BaseModel):
     def _synthesize_can_run(self) -> FlywheelConfig:
         """flywheel.synthesize writes near the student's train failures, into a local folder."""
         syn = self.flywheel.synthesize
-        if syn.enabled and self.flywheel.student_train_samples == 0:
+        if syn.enabled and (self.flywheel.student_train_samples == 0 or self.flywheel.student_train_tasks == 0):
             raise ValueError("flywheel.synthesize.enabled needs the student's train rollouts (their failures are what "
-                             "it writes near); set flywheel.student_train_samples to 1 or more, or turn it off")
+                             "it writes near); set flywheel.student_train_samples and flywheel.student_train_tasks "
+                             "to 1 or more, or turn it off")
         out = self.run.out
         if syn.enabled and not syn.folder and "://" in out and not out.startswith("file://"):
             raise ValueError(f"flywheel.synthesize writes Harbor task folders, and run.out ({out}) is not a local "

@@ -25,8 +25,9 @@ from flows.rollouts import (
     heldout_tasks,
     rollout_backend,
     rollout_rows,
+    schedule_train_tasks,
+    synthesized_tasks,
     teacher_configs,
-    train_pool,
 )
 from flows.stages import StageTimer, checkpoint_rows, metric, score_rows, suite_rows
 from training.scoring import EpisodeRunner, Sampling, score_checkpoint, score_policy, student_policy
@@ -185,7 +186,6 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
 
     timer = StageTimer()
     fw = cfg.flywheel
-    train = train_pool(cfg, run_id, lambda from_round: from_round <= round)[: fw.student_train_tasks]
     name = f"student-r{round}"
     with rollout_backend(cfg, []) as backend:
         if scored is not None:
@@ -195,6 +195,9 @@ def stage_student(cfg: FlywheelConfig, run_id: str, round: int, student: dict[st
             metrics = heldout_scores(cfg, student["path"], name, run_id=run_id, round=round, subject="student",
                                      backend=backend, sampled=fw.pass_k > 1)
         if fw.student_train_samples > 0 and round < fw.rounds:
+            # the schedule's first student_train_tasks, and every task flywheel.synthesize admitted so far
+            train = schedule_train_tasks(cfg, lambda from_round: from_round <= round)[: fw.student_train_tasks] + \
+                synthesized_tasks(cfg, run_id, lambda joins: joins <= round)
             explore = student_policy(cfg.student, student["path"], f"{name}-train",
                                      temperature=fw.sample_temperature, seed=1000 + round)
             rows = rollout_rows(cfg, train, explore, run_id=run_id, round=round,

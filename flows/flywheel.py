@@ -235,7 +235,7 @@ def check_synthesize(cfg: FlywheelConfig) -> None:
         check_backend(SandboxConfig(backend="docker"))
     except SandboxUnavailable as e:
         raise SandboxUnavailable(f"flywheel.synthesize admits Harbor tasks, which need Docker: {e}") from None
-    if cfg.flywheel.synthesize.writer_policy is not None:
+    if cfg.flywheel.synthesize.writer == "openai" and cfg.flywheel.synthesize.writer_policy is not None:
         from agents.config import check_policy
 
         check_policy(cfg.flywheel.synthesize.writer_policy)

@@ -62,8 +62,8 @@ def synthesized_tasks(cfg: FlywheelConfig, run_id: str, joins: Callable[[int], b
 
 
 def train_pool(cfg: FlywheelConfig, run_id: str, joins: Callable[[int], bool]) -> list:
-    """Every train task whose first round satisfies `joins`: the synthesized ones first, then the schedule's."""
-    return synthesized_tasks(cfg, run_id, joins) + schedule_train_tasks(cfg, joins)
+    """Every train task whose first round satisfies `joins`: the schedule's, then the synthesized ones."""
+    return schedule_train_tasks(cfg, joins) + synthesized_tasks(cfg, run_id, joins)
 
 
 def joining_tasks(cfg: FlywheelConfig, round: int) -> list:

@@ -1,21 +1,24 @@
-"""The flywheel's opt-in task factory stage (`flywheel.synthesize`): after round r's student rolled out on the train
-pool, new tasks near the ones it failed join the pool from round r+1 on.
+"""The flywheel's opt-in task factory stage (`flywheel.synthesize`): after round r's student rolled out on the
+train pool, new tasks near the ones it failed join the pool from round r+1 on.
 
 `synthesize_round(cfg, run_id, round)` reads the student's train episodes of the round from the lake, takes their
 failure frontier (curate/frontier.py: the family and knobs of each failed task), writes
-`flywheel.synthesize.candidates` candidates near it (the reference writer: ledger tasks with the failed cell's
-knobs; the openai writer: an endpoint shown the cell's failed task folders as seeds) and admits them exactly as `flywheel tasks synthesize` does
-(curate/synthesis.py: every check, with the run's own held-out tasks beside `admission.heldout`, and the pool's
-tasks as possible duplicates). Admitted tasks land in FOLDER/RUN_ID/round-R (written beside it and renamed in, so
-the folder is whole or absent); every candidate is a task_synthesis row carrying its lineage (run_id, round, the
-frontier cell, the failed trajectory ids of that cell), and the task's task.toml carries the run, round and cell.
-flows/rollouts.py `synthesized_tasks` hands them to the teacher, curation and the student's rollouts of later
-rounds (suite `synthesized`); GRPO's task list stays the schedule's. Nothing to write near (no failure on a task
-of a factory family) is a stage with zero candidates, said in the log and the rounds table, not an error.
+`flywheel.synthesize.candidates` candidates near it (the reference writer: ledger tasks with a failed cell's knobs;
+the openai writer: an endpoint shown a cell's failed task folders as seeds) and admits them exactly as `flywheel
+tasks synthesize` does (curate/synthesis.py: every check, with the run's own held-out tasks beside
+`admission.heldout`, and the pool's Harbor tasks as possible duplicates), in containers of the run's [sandbox]
+settings. Admitted tasks land in FOLDER/RUN_ID/round-R (written beside it and renamed in, so the folder is whole or
+absent); every candidate is a task_synthesis row carrying its lineage (run_id, round, the frontier cell, the failed
+trajectory ids of that cell), and the task's task.toml carries the run, round and cell. flows/rollouts.py
+`synthesized_tasks` hands them to the teacher, curation and the student's rollouts of later rounds (suite
+`synthesized`); GRPO's task list stays the schedule's. Nothing to write near (no failure on a task of a factory
+family) is a stage with zero candidates, said in the log and the rounds table, not an error.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,8 @@ from prefect import get_run_logger, task
 from flows.config import FlywheelConfig
 from flows.rollouts import heldout_tasks, synthesized_folder, train_pool
 from flows.stages import StageTimer, metric
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from curate.config import SynthesizeStageConfig
@@ -53,7 +58,7 @@ def student_train_episodes(root: str, run_id: str, round: int) -> list:
     from warehouse.query import query
 
     t = query(root, "SELECT trajectory_id, task_id, success, verdict FROM trajectories WHERE run_id = ? AND "
-                    "round = ? AND source = 'student' AND split = 'train' AND stage = 'rollout' "
+                    "round = ? AND source = 'student' AND split = 'train' AND coalesce(stage, 'rollout') = 'rollout' "
                     "ORDER BY trajectory_id", [run_id, round])
     return [Episode(**r) for r in t.to_pylist()]
 
@@ -64,7 +69,6 @@ def synthesize_round(cfg: FlywheelConfig, run_id: str, round: int) -> Synthesize
     from curate.frontier import failure_frontier, frontier_candidates
     from curate.synthesis import synthesize
     from sandbox.backend import open_backend
-    from sandbox.result import SandboxConfig
     from warehouse.lake import write_rows
 
     timer = StageTimer()
@@ -90,7 +94,7 @@ def synthesize_round(cfg: FlywheelConfig, run_id: str, round: int) -> Synthesize
         existing = [t for t in pool if t.metadata.get("source_format") == "harbor"]
         sid = f"{run_id}-r{round}-synthesize"
         try:
-            with open_backend(SandboxConfig(backend="docker"),
+            with open_backend(cfg.sandbox.model_copy(update={"backend": "docker"}),
                               pool_size=max(2, min(2 * syn.admission.workers, 8))) as backend:
                 res = synthesize([c for c, _ in asked], syn.admission, out=partial, backend=backend,
                                  synthesis_id=sid, heldout=heldout_tasks(cfg), existing=existing)
@@ -112,7 +116,8 @@ def synthesize_round(cfg: FlywheelConfig, run_id: str, round: int) -> Synthesize
                             funnel=funnel, wall_s=timer.s)
     m = [metric(run_id, round, "synthesize", "stage", "train", "all", k, v) for k, v in (
         ("candidates", out.candidates), ("admitted", out.admitted), ("frontier_cells", out.frontier_cells),
-        ("student_failures", out.failures), ("failures_outside_families", out.outside), ("wall_s", out.wall_s))]
+        ("student_failures", out.failures), ("failures_outside_families", out.outside))]
+    m.append(metric(run_id, round, "synthesize", "stage", "-", "all", "wall_s", out.wall_s))
     write_rows(root, "rounds", m)
     return out
 
@@ -132,14 +137,30 @@ def openai_candidates(frontier: Frontier, syn: SynthesizeStageConfig, tasks: lis
     policy = build_policy(syn.writer_policy)
     out: list[tuple[Candidate, FrontierCell]] = []
     for cell, count in allot(frontier, syn.candidates):
-        seeds = [read_folder(Path(by_id[tid].metadata["harbor"]["dir"])) for tid in cell.tasks[: syn.writer_seeds]]
+        seeds, shown = [], []
+        for tid in cell.tasks[: syn.writer_seeds]:
+            try:  # named after its id: Harbor takes any folder name, a draft does not
+                seeds.append(read_folder(Path(by_id[tid].metadata["harbor"]["dir"]), name=_slug(tid)))
+                shown.append(tid)
+            except (ValueError, OSError) as e:
+                log.warning("synthesize: task %s cannot be shown to the writer as a seed: %s", tid, e)
+        if not seeds:
+            log.warning("synthesize: no seed of frontier cell %s could be read; its %d candidate(s) are not written",
+                        cell.key, count)
+            continue
         policy.seed = seed + len(out)
         for c in write_candidates(policy, seeds, n=count):
-            c.candidate_id = f"openai-r{round}-{len(out)}"
+            c.candidate_id, c.seed_tasks = f"openai-r{round}-{len(out)}", shown
             if c.draft is not None:  # the writer's name, made unique in the run (a valid name stays valid)
                 c.draft.name = f"r{round}-{len(out)}-{c.draft.name}"[:63]
             out.append((c, cell))
     return out
+
+
+def _slug(task_id: str) -> str:
+    """A valid draft name from a task id (synth/Count_Lines -> count-lines)."""
+    s = re.sub(r"[^a-z0-9-]+", "-", task_id.split("/", 1)[-1].lower()).strip("-")[:63]
+    return s if len(s) >= 2 else f"seed-{s}".strip("-")
 
 
 @task(name="synthesize")

@@ -234,10 +234,7 @@ def synthesis_cost(root: str) -> list[dict[str, Any]]:
 
 def synthesis_lineage(root: str, run_id: str) -> list[dict[str, Any]]:
     """The run's synthesize stage (flywheel.synthesize) per round and failure-frontier cell: the student's failed
-    episodes that asked, the candidates written near them, how many were admitted. Empty for a lake whose
-    task_synthesis rows predate lineage."""
-    if "run_id" not in {r["column_name"] for r in query(root, "DESCRIBE task_synthesis").to_pylist()}:
-        return []
+    episodes that asked, the candidates written near them, how many were admitted (no rows for a run without it)."""
     return query(root, """
         SELECT round, frontier, max(len(asked_by)) AS failures, COUNT(*) AS candidates,
                SUM((decision = 'admitted')::INTEGER) AS admitted

@@ -187,8 +187,9 @@ def write_folder(draft: TaskDraft, dest: Path) -> Path:
     return dest
 
 
-def read_folder(folder: Path) -> TaskDraft:
-    """A draft back from a folder this module wrote (the admitted tasks of an earlier run, for de-duplication)."""
+def read_folder(folder: Path, name: str | None = None) -> TaskDraft:
+    """A draft back from a Harbor task folder (one this module wrote, or any with tests/test.sh and
+    solution/solve.sh), named `name` (default: the folder's name, which must then be a valid draft name)."""
     cfg = tomllib.loads((folder / "task.toml").read_text())
 
     def texts(sub: Path) -> dict[str, str]:
@@ -196,7 +197,7 @@ def read_folder(folder: Path) -> TaskDraft:
                 for p in sorted(sub.rglob("*")) if p.is_file()}
 
     meta = cfg.get("metadata", {})
-    return TaskDraft(name=folder.name, family=str(meta.get("family", "?")),
+    return TaskDraft(name=name or folder.name, family=str(meta.get("family", "?")),
                      instruction=(folder / "instruction.md").read_text(encoding="utf-8"),
                      files=texts(folder / "environment" / "files"), tests=texts(folder / "tests"),
                      solution=texts(folder / "solution"))

@@ -110,8 +110,10 @@ def ledger_near(knobs: dict[str, str], *, seed: int, round: int, index: int) -> 
             raise ValueError(f"ledger has no knob {k}={v!r}; its knobs: {KNOBS}")
     fixed = ",".join(f"{k}={knobs[k]}" for k in sorted(knobs))
     name = "-".join([f"ledger-s{seed}-r{round}-{index}", *(knobs[k] for k in sorted(knobs))])
-    return _draft(random.Random(f"ledger-near:{seed}:{round}:{index}:{fixed}"), name=name, seed=seed, index=index,
-                  knobs=knobs)
+    d = _draft(random.Random(f"ledger-near:{seed}:{round}:{index}:{fixed}"), name=name, seed=seed, index=index,
+               knobs=knobs)
+    d.metadata.update({"near_round": round, "near": fixed})  # ledger_draft(seed, index) is another task
+    return d
 
 
 def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[str, str] | None = None) -> TaskDraft:

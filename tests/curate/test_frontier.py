@@ -5,6 +5,8 @@ without moving the family's own stream."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from tasks.factory.draft import write_folder
 from tasks.factory.ledger import KNOBS, _draft, ledger_draft, ledger_near
 from tasks.harbor import load_harbor
 from tasks.suites import load_suite
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pool(tmp: Path, indices: list[int]) -> list:
@@ -42,7 +46,8 @@ def test_failures_are_grouped_by_family_and_knobs(tmp_path):
     failed = {t.id: t for i, t in enumerate(pool) if i % 4 != 0}
     for c in f.cells:
         for tid in c.tasks:
-            assert _knobs(failed[tid]) == c.knobs and failed[tid].metadata["task_metadata"]["difficulty"] == c.difficulty
+            meta = failed[tid].metadata["task_metadata"]
+            assert _knobs(failed[tid]) == c.knobs and meta["difficulty"] == c.difficulty
     assert [c.key for c in f.cells] == sorted(c.key for c in f.cells)
     hack_cell = next(c for c in f.cells if "hack" in c.failures)
     assert pool[1].id in hack_cell.tasks and hack_cell.failures.count("hack") == 1
@@ -91,3 +96,32 @@ def test_fixing_knobs_does_not_move_the_familys_stream():
         ledger_near({"aggregate": "median"}, seed=0, round=1, index=0)
     with pytest.raises(ValueError, match="no knob"):
         ledger_near({"colour": "red"}, seed=0, round=1, index=0)
+
+
+def test_the_familys_own_tasks_are_what_they_were():
+    """ledger_draft's output, pinned: the sha256 of seeds 0 and 7, indices 0-49 (name, instruction, files, tests,
+    solution, metadata, difficulty), computed at 5dfd6f4, before ledger_near was added."""
+    h = hashlib.sha256()
+    for seed in (0, 7):
+        for i in range(50):
+            d = ledger_draft(seed, i)
+            h.update(json.dumps([d.name, d.instruction, d.files, d.tests, d.solution, d.metadata, d.difficulty],
+                                sort_keys=True).encode())
+    assert h.hexdigest() == "02303369b3c39f33790b53784063512d6c338f380f2d3e090b3d3a4a8faf5027"
+
+
+def test_hand_written_harbor_tasks_are_outside_for_the_reference_writer_and_cells_for_a_seeded_one(tmp_path):
+    """The shipped Harbor suite (difficulty = "easy", no factory family): the reference writer cannot write near
+    them (counted outside); a writer that works from seed folders gets a cell per kind, easy read as 1."""
+    tasks = load_harbor(ROOT / "data" / "harbor")
+    eps = [Episode(f"h{i}", t.id, False, "fail") for i, t in enumerate(tasks)]
+    ref = failure_frontier(eps, tasks)
+    assert (ref.failures, ref.outside, ref.cells) == (len(tasks), len(tasks), [])
+    seeded = failure_frontier(eps, tasks, any_harbor=True)
+    assert seeded.outside == 0 and sum(len(c.failures) for c in seeded.cells) == len(tasks)
+    assert all(c.difficulty == 1 and c.knobs == {} for c in seeded.cells)
+    # a ledger task whose knob has a value the family no longer has is outside too, not a crash
+    d = ledger_draft(0, 0)
+    write_folder(d.model_copy(update={"metadata": {**d.metadata, "aggregate": "median"}}), tmp_path / "odd")
+    odd = load_harbor(tmp_path / "odd")
+    assert failure_frontier([Episode("o", odd[0].id, False, "fail")], odd).outside == 1
