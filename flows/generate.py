@@ -10,6 +10,7 @@ re-run with the same run id skips the rows already written.
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
 from datetime import datetime, timezone
@@ -55,6 +56,17 @@ class GenerateSummary(BaseModel):
     pass_rate: float = 0.0
     wall_s: float = 0.0
     config_path: str = ""
+    ran_on: list[str] = Field(default_factory=list, description=(
+        "Where each rollout chunk ran, in chunk order, as host:pid: this process with the thread runner, Ray "
+        "worker processes with run.ray_address."))
+
+
+class ChunkResult(BaseModel):
+    """What one rollout chunk reports back to the flow."""
+
+    written: int
+    skipped_existing: int
+    ran_on: str = Field(description="host:pid of the process that ran the chunk")
 
 
 def new_run_id(prefix: str = "run") -> str:
@@ -70,7 +82,7 @@ def load_tasks(cfg: FlywheelConfig) -> list:
 
 
 @task(name="rollout", **ENDPOINT_RETRIES)
-def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = None) -> dict[str, Any]:
+def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = None) -> ChunkResult:
     """Run the episodes of one chunk of tasks; rows are made durable batch by batch.
 
     Retrying is safe: ids already written are skipped. Chunks run on the flow's task runner (threads here, Ray
@@ -80,7 +92,8 @@ def rollout_task(cfg: FlywheelConfig, tasks: list, run_id: str, progress: Any = 
         policy = build_teacher(cfg)
         res = rollout_to_lake(cfg, tasks, policy, run_id=run_id, round=cfg.generate.round,
                               samples=cfg.generate.samples, backend=backend, on_progress=progress)
-    return {"written": res.written, "skipped_existing": res.skipped_existing, "summary": res.summary.model_dump()}
+    return ChunkResult(written=res.written, skipped_existing=res.skipped_existing,
+                       ran_on=f"{socket.gethostname()}:{os.getpid()}")
 
 
 # ---------------------------------------------------------------------------------------------------- flywheel
@@ -238,8 +251,6 @@ def generate_flow(cfg: FlywheelConfig, suite: Suite | None = None, split: Split 
              for i, chunk in enumerate(chunk_list)]
     # Threads here, Ray workers with run.ray_address: chosen at run time, so UI-triggered runs can ask for Ray.
     results = submit_all(rollout_task, calls, ray_address=cfg.run.ray_address, max_workers=cfg.run.max_workers)
-    out = {"written": sum(r["written"] for r in results),
-           "skipped_existing": sum(r["skipped_existing"] for r in results)}
 
     compact(root, run_id, g.round)  # one file per partition keeps queries fast (crash-safe: see warehouse.lake)
     from warehouse.query import query  # DuckDB: imported after the episodes, not before the first one
@@ -255,9 +266,10 @@ def generate_flow(cfg: FlywheelConfig, suite: Suite | None = None, split: Split 
     episodes = sum(verdicts.values())
     summary = GenerateSummary(
         run_id=run_id, round=g.round, root=str(root), suite=g.suite, split=g.split, policy=teacher_name(cfg),
-        episodes=episodes, written=out["written"], skipped_existing=out["skipped_existing"], verdicts=verdicts,
-        by_policy=by_policy, pass_rate=pass_rate_of_counts(verdicts),
-        wall_s=time.perf_counter() - t0, config_path=config_path)
+        episodes=episodes, written=sum(r.written for r in results),
+        skipped_existing=sum(r.skipped_existing for r in results), verdicts=verdicts, by_policy=by_policy,
+        pass_rate=pass_rate_of_counts(verdicts), wall_s=time.perf_counter() - t0, config_path=config_path,
+        ran_on=[r.ran_on for r in results])
     create_table_artifact(
         key="generate-summary",
         table=[{"policy": p, "verdict": v, "episodes": n} for p, d in by_policy.items() for v, n in d.items()],
@@ -279,7 +291,9 @@ def print_summary(s: GenerateSummary) -> None:
                   f"{d.get('pass', 0) / n:.1%}" if n else "-")
     c = Console(width=max(100, Console().width))
     c.print(t)
+    procs, hosts = set(s.ran_on), {r.rsplit(":", 1)[0] for r in s.ran_on}
     c.print(f"rows written {s.written}, already present {s.skipped_existing}; pass rate {s.pass_rate:.1%}; "
-            f"{s.wall_s:.1f}s\nlake: {s.root}   config: {s.config_path}\n"
+            f"{s.wall_s:.1f}s; {len(s.ran_on)} chunk(s) ran in {len(procs)} process(es) on {len(hosts)} host(s)"
+            f"\nlake: {s.root}   config: {s.config_path}\n"
             f"query: flywheel sql --root {s.root} \"SELECT suite, split, avg(success::int) FROM trajectories "
             f"GROUP BY ALL\"")
