@@ -143,7 +143,7 @@ def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[s
     lists the thresholds (cfg.mismatch) it crosses."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.mismatch import MismatchError, promotion_refusals, rows_panel
+    from training.mismatch import MismatchError, panel_limits, promotion_refusals, rows_panel
     from warehouse.lake import write_rows
     from warehouse.query import read_trajectories
 
@@ -166,6 +166,8 @@ def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[s
                "mm:clip_fraction": p.clip_fraction or 0.0}
     if p.pearson is not None:
         figures["mm:pearson"] = p.pearson
+    # the limits that applied, beside the figures (the report draws them): mm_max:NAME, mm_min:NAME
+    figures.update({f"mm_{side}:{name}": v for name, (side, v) in panel_limits(cfg.mismatch).items()})
     write_rows(cfg.run.out, "rounds", [metric(run_id, round, "mismatch", "mismatch", "train", "all", k, v)
                                         for k, v in figures.items()]
                + [metric(run_id, round, "mismatch", "stage", "-", "all", "wall_s", timer.s)])

@@ -21,7 +21,8 @@ drifts (the GPT-OSS retrospective's symptom). This module measures it:
   on-policy, the retrospective's fix #1) the ratio is exactly 1 and the clip fraction 0; with a separate
   old-policy pass it is whatever the two passes disagree by.
 - `promotion_refusals(panel, thresholds)` says which configured threshold (training.config.MismatchThresholds) a
-  panel crosses; the caller refuses to promote the checkpoint and logs the line.
+  panel crosses; the caller refuses to promote the checkpoint and logs the line. `panel_limits(thresholds)` gives
+  the same thresholds per figure, for the rounds table and the report's plot.
 
 Plain functions over lists and tensors; it does not train, generate or decide what to do with a refusal.
 """
@@ -175,6 +176,16 @@ def rows_panel(model: Any, tokenizer: Any, rows: list[Trajectory], *, batch_size
     trainer = trainer_logprobs(model, seqs, batch_size=batch_size, pad_token_id=pad)
     old = trainer_logprobs(model, seqs, batch_size=old_batch_size, pad_token_id=pad) if old_batch_size else None
     return panel(trainer, rollout, old=old, epsilon=epsilon, rerendered_turns=rerendered)
+
+
+def panel_limits(t: MismatchThresholds) -> dict[str, tuple[str, float]]:
+    """The thresholds of promotion_refusals per panel figure, as ("max" or "min", value), for the rounds table
+    and the report's plot; a limit that never refuses (min_pearson -1) is left out."""
+    out = {"token_mult_prob_error": ("max", t.max_token_mult_prob_error),
+           "mean_abs_diff": ("max", t.max_mean_abs_logp_diff), "clip_fraction": ("max", t.max_clip_fraction)}
+    if t.min_pearson > -1:
+        out["pearson"] = ("min", t.min_pearson)
+    return out
 
 
 def promotion_refusals(p: MismatchPanel, t: MismatchThresholds) -> list[str]:

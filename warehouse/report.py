@@ -304,6 +304,62 @@ def _plot_bars(rows: list[dict[str, Any]], prefix: str, subject: str, title: str
     return True
 
 
+# the panel's figures in reading order, each with the value a matched trainer and rollout give
+PANEL_IDEAL = {"mean_abs_diff": 0.0, "max_abs_diff": 0.0, "token_mult_prob_error": 1.0, "iw_max": 1.0,
+               "clip_fraction": 0.0, "pearson": 1.0}
+
+
+def _plot_panel(rows: list[dict[str, Any]], path: Path) -> dict[str, tuple[float, float]]:
+    """The mismatch panel per round: one small plot per figure on its own y axis (they differ by orders of
+    magnitude: |Δlogp| near 1e-7 when matched, token_mult_prob_error near 1), the matched value dotted and the
+    promotion limit that applied (rounds metrics mm_max:/mm_min:) dashed red. Returns each figure's y limits
+    (empty, and no file, for a run without a panel)."""
+    import matplotlib.pyplot as plt
+
+    pts = [r for r in rows if r["subject"] == "mismatch"]
+    figs = [m for m in PANEL_IDEAL if any(r["metric"] == f"mm:{m}" for r in pts)]
+    figs += sorted({r["metric"][3:] for r in pts if r["metric"].startswith("mm:")} - set(figs))
+    if not figs:
+        return {}
+    cols = min(3, len(figs))
+    nrows = -(-len(figs) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.7 * nrows), squeeze=False)
+    limits: dict[str, tuple[float, float]] = {}
+    for ax, name in zip([a for row in axes for a in row], figs):
+        series = sorted((r["round"], r["value"]) for r in pts if r["metric"] == f"mm:{name}")
+        xs, ys = [x for x, _ in series], [y for _, y in series]
+        ax.plot(xs, ys, "o-", color="tab:blue")
+        for x, y in series:
+            ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+        if name in PANEL_IDEAL:
+            ax.axhline(PANEL_IDEAL[name], ls=":", color="gray", label=f"matched ({PANEL_IDEAL[name]:g})")
+        ax.margins(y=0.18)  # room for the value labels
+        lo, hi = ax.get_ylim()
+        for side in ("max", "min"):
+            lim = [r["value"] for r in pts if r["metric"] == f"mm_{side}:{name}"]
+            if not lim:
+                continue
+            words = f"refused {'above' if side == 'max' else 'below'} {lim[-1]:g}"
+            if lo - (hi - lo) <= lim[-1] <= hi + (hi - lo):  # near the data: drawn
+                ax.axhline(lim[-1], ls="--", color="tab:red", label=words)
+            else:  # far off: named, not drawn (a line there would squash the figure flat)
+                ax.plot([], [], ls="--", color="tab:red", label=f"{words} (off the axis)")
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks(xs)
+        ax.set_xlabel("round", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="best")
+        limits[name] = ax.get_ylim()
+    for ax in [a for row in axes for a in row][len(figs):]:
+        ax.set_visible(False)
+    fig.suptitle("trainer vs rollout log-probabilities (mismatch panel), each figure on its own axis", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return limits
+
+
 def _md_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "_none yet_\n"
@@ -334,8 +390,6 @@ def build_report(root: str, run_id: str) -> Report:
             ("teacher_yield.png", "yield", "teacher", "teacher yield (passing share of episodes)", "yield", False),
             ("hack_rate.png", "hack:", "teacher", "teacher hack rate by reason code", "share of episodes", True),
             ("snapshot_mix.png", "mix:", "snapshot", "training snapshot mix by source", "examples", True),
-            ("mismatch_panel.png", "mm:", "mismatch", "trainer vs rollout logprobs (mismatch panel)", "value",
-             False),
             ("stage_wall_time.png", "wall_s", "stage", "wall time per round", "seconds", True)):
         if name == "stage_wall_time.png":
             pts = [dict(r, metric=f"wall_s{r['stage']}") for r in rows if r["subject"] == "stage"
@@ -345,6 +399,8 @@ def build_report(root: str, run_id: str) -> Report:
             ok = _plot_bars(rows, prefix, subject, title, ylabel, folder / name, stacked)
         if ok:
             plots.append(name)
+    if _plot_panel(rows, folder / "mismatch_panel.png"):
+        plots.append("mismatch_panel.png")
     promotion = promotion_table(str(root), run_id)
     if promotion:
         _plot_promotion(promotion, folder / "promotion.png")

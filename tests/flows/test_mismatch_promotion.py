@@ -67,6 +67,9 @@ def test_a_crossed_threshold_keeps_the_previous_student(prefect_api, lake_with_b
     figures = {r["metric"]: r["value"] for r in query(str(root), "SELECT metric, value FROM rounds WHERE "
                                                                  "subject = 'mismatch'").to_pylist()}
     assert figures["mm:mean_abs_diff"] > 1e-4 and figures["mm:token_mult_prob_error"] > 1.0
+    # the limits that applied, beside the figures (the report draws them); min_pearson -1 never refuses: none
+    assert figures["mm_max:mean_abs_diff"] == 1e-4 and figures["mm_max:token_mult_prob_error"] == 1.1
+    assert "mm_min:pearson" not in figures
 
 
 def test_default_thresholds_promote(prefect_api, lake_with_bf16_rollouts):

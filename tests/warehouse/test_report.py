@@ -1,0 +1,52 @@
+"""The run report's plots: the mismatch panel readable at a glance (each figure on its own axis)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from warehouse.lake import write_rows
+from warehouse.report import _plot_panel, build_report
+
+
+def _m(round: int, metric: str, value: float) -> dict:
+    return {"run_id": "run1", "round": round, "stage": "mismatch", "subject": "mismatch", "split": "train",
+            "suite": "all", "metric": metric, "value": value, "created_at": datetime.now(UTC)}
+
+
+# round 1 matched (fp32 both sides), round 2 drifted: figures six orders of magnitude apart
+PANEL = {1: {"mean_abs_diff": 1.2e-7, "max_abs_diff": 9.5e-7, "token_mult_prob_error": 1.0000002, "iw_max": 1.000001,
+             "clip_fraction": 0.0, "pearson": 0.99},
+         2: {"mean_abs_diff": 3.1e-7, "max_abs_diff": 2.0e-6, "token_mult_prob_error": 1.25, "iw_max": 3.2,
+             "clip_fraction": 0.04, "pearson": 0.71}}
+LIMITS = {"mm_max:token_mult_prob_error": 1.1, "mm_max:mean_abs_diff": 0.1, "mm_max:clip_fraction": 0.0}
+
+
+def _rows() -> list[dict]:
+    return ([_m(rd, f"mm:{k}", v) for rd, figs in PANEL.items() for k, v in figs.items()]
+            + [_m(rd, k, v) for rd in PANEL for k, v in LIMITS.items()])
+
+
+def test_mismatch_panel_puts_each_figure_on_its_own_axis(tmp_path):
+    limits = _plot_panel(_rows(), tmp_path / "panel.png")
+    assert (tmp_path / "panel.png").stat().st_size > 0
+    assert list(limits) == ["mean_abs_diff", "max_abs_diff", "token_mult_prob_error", "iw_max", "clip_fraction",
+                            "pearson"]
+    for name, (lo, hi) in limits.items():
+        vals = [PANEL[rd][name] for rd in PANEL]
+        assert lo <= min(vals) and max(vals) <= hi
+        # the data fills its axis: not flattened by a figure or a limit of another scale
+        assert max(vals) - min(vals) >= 0.2 * (hi - lo), (name, lo, hi)
+    assert limits["mean_abs_diff"][1] < 1e-5  # its limit 0.1 is named, not drawn
+    lo, hi = limits["token_mult_prob_error"]
+    assert lo <= 1.1 <= hi  # its limit lies among the data: drawn
+
+
+def test_report_draws_the_panel_from_the_rounds_table(tmp_path):
+    root = str(tmp_path / "lake")
+    write_rows(root, "rounds", _rows())
+    report = build_report(root, "run1")
+    assert any(p.endswith("mismatch_panel.png") for p in report.plots)
+    assert "mm_max:token_mult_prob_error" in report.markdown  # the limits that applied, in the metrics table
+    empty = str(tmp_path / "other")
+    write_rows(empty, "rounds", [dict(_m(1, "yield", 1.0), stage="teacher", subject="teacher")])
+    assert not any(p.endswith("mismatch_panel.png") for p in build_report(empty, "run1").plots)
