@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -55,6 +56,30 @@ def _routing_flips(model_dir: str, seqs: list[tuple[list[int], list[int]]]) -> f
     return 1 - same / total if total else 0.0
 
 
+def sft_student(work: Path, backend: Any, *, hidden: int, layers: int, experts: int, top_k: int,
+                sft_steps: int, attention: str = "eager") -> tuple[list, Path, Any]:
+    """64 arithmetic-d1 train tasks, a tiny-gptoss base built from them, and its SFT on the reference teacher's
+    passing episodes (real sandboxes of `backend`), the trainer running attention kernel `attention`."""
+    from agents.reference import ReferencePolicy
+    from agents.rollout import rollout
+    from tasks import arithmetic
+    from training.config import SFTConfig
+    from training.sft import train_sft
+    from training.tiny import build_tiny_model, task_corpus
+
+    train = arithmetic.generate(64, split="train", seed=3, difficulty=1)
+    base = build_tiny_model(work / "base", task_corpus(train, family="tiny-gptoss"), family="tiny-gptoss",
+                            hidden=hidden, layers=layers, heads=4, kv_heads=2, vocab_size=1024, experts=experts,
+                            experts_per_token=top_k)
+    rows: list = []
+    asyncio.run(rollout(train, ReferencePolicy(), backend, run_id="mm-ref", concurrency=4, on_rows=rows.extend,
+                        batch_size=len(train), progress=False))
+    sft = train_sft(base, [r for r in rows if r.verdict == "pass"], work / "sft",
+                    SFTConfig(max_steps=sft_steps, batch_size=8, learning_rate=5e-3), progress=False,
+                    attention=attention)
+    return train, base, sft
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/flywheel-mismatch-gptoss.json")
@@ -74,29 +99,17 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    from agents.reference import ReferencePolicy
     from agents.rollout import rollout
     from agents.transformers_policy import TransformersPolicy
     from sandbox.backend import open_backend
     from sandbox.result import SandboxConfig
-    from tasks import arithmetic
-    from training.config import SFTConfig
     from training.mismatch import panel, row_sequences, trainer_logprobs
-    from training.sft import train_sft
-    from training.tiny import build_tiny_model, n_parameters, task_corpus
+    from training.tiny import n_parameters
 
     t0 = time.perf_counter()
-    work = Path(args.work)
-    train = arithmetic.generate(64, split="train", seed=3, difficulty=1)
-    base = build_tiny_model(work / "base", task_corpus(train, family="tiny-gptoss"), family="tiny-gptoss",
-                            hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2, vocab_size=1024,
-                            experts=args.experts, experts_per_token=args.top_k)
-    rows: list = []
     with open_backend(SandboxConfig(backend=args.backend, timeout_s=10.0), pool_size=4) as backend:
-        asyncio.run(rollout(train, ReferencePolicy(), backend, run_id="mm-ref", concurrency=4, on_rows=rows.extend,
-                            batch_size=len(train), progress=False))
-        sft = train_sft(base, [r for r in rows if r.verdict == "pass"], work / "sft",
-                        SFTConfig(max_steps=args.sft_steps, batch_size=8, learning_rate=5e-3), progress=False)
+        train, base, sft = sft_student(Path(args.work), backend, hidden=args.hidden, layers=args.layers,
+                                       experts=args.experts, top_k=args.top_k, sft_steps=args.sft_steps)
         results = []
         for dtype in ("float32", "bfloat16"):
             policy = TransformersPolicy(sft.checkpoint_path, temperature=1.0, max_new_tokens=args.max_new_tokens,

@@ -30,6 +30,7 @@ flows/evaluate.py; this module holds only the round wiring, the preflight and th
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -214,6 +215,7 @@ def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
     """Fail fast before anything is written: suites, teacher(s), sandbox engine. recheck=False skips a config
     this process already passed (flows.rollouts.preflight_once)."""
     from tasks.suites import check_suite
+    from training.attention import sink_warning
 
     def check(c: FlywheelConfig) -> None:
         for step in c.flywheel.suites:
@@ -221,6 +223,9 @@ def preflight(cfg: FlywheelConfig, *, recheck: bool = True) -> None:
         check_teacher_and_sandbox(c)
         if c.flywheel.synthesize.enabled:
             check_synthesize(c)
+        line = sink_warning(c.student.base, c.student.train_attention)
+        if line:
+            print(line, file=sys.stderr)
 
     preflight_once("flywheel", cfg, check, recheck=recheck)
 

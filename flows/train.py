@@ -10,6 +10,7 @@ warm-up included. Each registers its checkpoint in the lake. Wiring only: traini
 
 from __future__ import annotations
 
+import math
 import shutil
 from typing import Any
 
@@ -71,7 +72,8 @@ def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, An
     if round > 1 and cfg.flywheel.later_sft_steps and cfg.flywheel.sft_from == "incumbent":
         sft_cfg = sft_cfg.model_copy(update={"max_steps": cfg.flywheel.later_sft_steps})
     with gpu_slot(cfg.limits):
-        res = train_sft(parent["path"], None, out, sft_cfg, snapshot_id=snapshot_id, root=root)
+        res = train_sft(parent["path"], None, out, sft_cfg, snapshot_id=snapshot_id, root=root,
+                        attention=cfg.student.train_attention)
     metrics = {"final_loss": res.losses[-1] if res.losses else None, "steps": res.steps, "wall_s": res.total_s,
                "examples": res.n_examples, "dropped_truncated": res.n_dropped_truncated}
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="sft", path=res.checkpoint_path,
@@ -83,6 +85,26 @@ def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, An
         metric(run_id, round, "sft", "stage", "-", "all", "tokens", res.n_tokens)])
     return {"checkpoint_id": ck.checkpoint_id, "path": res.checkpoint_path, "wall_s": res.total_s,
             "losses": res.losses[-5:], "examples": res.n_examples}
+
+
+# per-step GRPO health figures written to the rounds table (subject 'step', metric NAME:STEP)
+STEP_FIGURES = ("grad_norm", "clip_fraction", "importance_weight_mean", "importance_weight_min",
+                "importance_weight_max", "logprob_diff_mean", "reward", "loss")
+
+
+def grpo_step_rows(run_id: str, round: int, steps: list[dict[str, Any]], *, stop_grad_norm: float,
+                   stopped: str | None) -> list[dict[str, Any]]:
+    """Rounds rows of GRPO's gradient health: each step's figures (subject 'step', metric NAME:STEP, for those
+    TRL logged), the stop threshold that applied (grpo_stop_grad_norm) and, when it fired, the step it stopped at
+    (grpo_stopped_at)."""
+    rows = [metric(run_id, round, "grpo", "step", "train", "all", f"{name}:{d['step']}", d[name])
+            for d in steps for name in STEP_FIGURES if d.get(name) is not None and math.isfinite(d[name])]
+    if math.isfinite(stop_grad_norm):
+        rows.append(metric(run_id, round, "grpo", "stage", "train", "all", "grpo_stop_grad_norm", stop_grad_norm))
+    if stopped:
+        rows.append(metric(run_id, round, "grpo", "stage", "train", "all", "grpo_stopped_at",
+                           steps[-1]["step"] if steps else 0))
+    return rows
 
 
 @task(name="grpo", log_prints=False)
@@ -119,15 +141,22 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
     with gpu_slot(cfg.limits):
         with open_backend(cfg.sandbox, pool_size=min(cfg.rollout.concurrency, 8)) as backend:
             res = train_grpo(parent["path"], chosen, out, cfg.grpo, backend=backend, rewards=cfg.rewards,
-                             thresholds=cfg.diagnostics,
+                             thresholds=cfg.diagnostics, attention=cfg.student.train_attention,
                              episode_log=EpisodeLog(root, run_id, round, policy=f"grpo-r{round}"))
+    health = grpo_step_rows(run_id, round, res.steps_diagnostics, stop_grad_norm=cfg.diagnostics.stop_grad_norm,
+                            stopped=res.stopped)
+    if res.stopped:  # the norms exploded: this checkpoint is not used, the round goes on from the parent
+        get_run_logger().warning("round %d GRPO %s; the round goes on from its parent checkpoint", round,
+                                 res.stopped)
+        write_rows(root, "rounds", task_rows + health)
+        return {**parent, "skipped": f"GRPO stopped: {res.stopped}", "skipped_tasks": skipped}
     metrics = {"reward_first": res.rewards[0] if res.rewards else None,
                "reward_last": res.rewards[-1] if res.rewards else None, "steps": res.steps,
                "hacks_with_positive_reward": res.hacks_with_positive_reward, "wall_s": res.total_s,
                "warnings": res.warnings, "episode_rows": res.rows_written}
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="grpo", path=res.checkpoint_path,
                              parent_id=parent["checkpoint_id"], metrics=metrics)
-    rows = task_rows + [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
+    rows = task_rows + health + [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
     if res.rewards:
         rows += [metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_first", res.rewards[0]),
                  metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_last", res.rewards[-1])]
@@ -143,6 +172,7 @@ def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[s
     lists the thresholds (cfg.mismatch) it crosses."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from training.attention import use_attention
     from training.mismatch import MismatchError, panel_limits, promotion_refusals, rows_panel
     from warehouse.lake import write_rows
     from warehouse.query import read_trajectories
@@ -155,7 +185,7 @@ def stage_mismatch(cfg: FlywheelConfig, run_id: str, round: int, student: dict[s
     rows = read_trajectories(cfg.run.out, "run_id = ? AND round = ? AND source = 'student' AND model_version = ?",
                              [run_id, round, checkpoint_version(student["path"])])
     tok = AutoTokenizer.from_pretrained(student["path"])
-    model = AutoModelForCausalLM.from_pretrained(student["path"]).eval()
+    model = use_attention(AutoModelForCausalLM.from_pretrained(student["path"]).eval(), cfg.student.train_attention)
     try:
         with gpu_slot(cfg.limits):
             p = rows_panel(model, tok, rows, old_batch_size=1)

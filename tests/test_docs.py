@@ -68,6 +68,7 @@ PACKAGES = ("agents", "curate", "flows", "sandbox", "tasks", "training", "wareho
 # anything else reaching the CLI is a bug and shows its traceback). Each one says why.
 NOT_KNOWN_ERRORS = {
     # Caught where raised and turned into something else, never reaching the CLI:
+    ("training.attention", "AttentionError"): "student.train_attention is a Literal: the config refuses a bad name first",
     ("tasks.factory.draft", "MalformedProposal"): "agents/task_writer.py turns it into a malformed_reply candidate",
     ("flows.view", "ViewServerError"): "`flywheel view` catches it and raises UsageError (one line, exit 2)",
     ("warehouse.viewer", "ViewError"): "rendered by flows/view.py as an error page with its HTTP status",

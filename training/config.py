@@ -48,6 +48,15 @@ class StudentConfig(BaseModel):
     batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
     threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
                                                        "models on a shared CPU).")
+    rollout_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="Precision the student generates in (evaluations, rollouts, their stored "
+        "logprobs): 'auto' keeps the checkpoint's own (float32 for the tiny students); 'bfloat16' is what a serving "
+        "engine (vLLM) runs, so the mismatch panel sees an engine's gap.")
+    train_attention: Literal["eager", "sdpa_sinks", "sdpa_nosinks"] = Field(
+        default="eager", description="Attention kernel the trainer runs (SFT, GRPO, the mismatch panel's trainer "
+        "pass; training/attention.py): 'eager' is transformers' own (sink-aware for GPT-OSS) and what rollouts run; "
+        "'sdpa_sinks' is torch SDPA with GPT-OSS's attention sinks honoured; 'sdpa_nosinks' drops them, a stand-in "
+        "for a kernel without sink support (the GPT-OSS retrospective's bug, to reproduce on purpose).")
     thinking: bool | None = Field(default=None, description="The chat template's enable_thinking switch when the "
                                   "student generates (Qwen3: false prefills an empty <think></think> block, so the "
                                   "reply is the answer); None leaves the template's default (thinking on).")
@@ -173,6 +182,10 @@ class DiagnosticsThresholds(BaseModel):
                                       "collapsing, and warning on every step buried the warnings that mattered.")
     max_kl: float = Field(default=1.0, ge=0, description="Warn when KL to the reference exceeds this.")
     max_grad_norm: float = Field(default=100.0, gt=0, description="Warn when the gradient norm exceeds this.")
+    stop_grad_norm: float = Field(default=1000.0, gt=0, description="Stop GRPO when a step's gradient norm (before "
+                                  "clipping) exceeds this or is not finite: the norms have exploded (the GPT-OSS "
+                                  "retrospective saw ~1,500 before its fix); the stopped stage's checkpoint is not "
+                                  "used. inf never stops.")
     max_logprob_diff: float = Field(default=0.5, ge=0, description="Warn when |rollout - trainer| logprob mean "
                                                                    "difference exceeds this (vLLM only).")
     max_importance_weight: float = Field(default=5.0, gt=0, description="Warn when the max importance weight "

@@ -5,7 +5,9 @@ loss, grad norm, learning rate, and for GRPO the mean reward, reward std within 
 rewards are all equal (zero advantage: no learning signal), token entropy, KL to the reference, tool-call and
 tool-failure frequencies, and, when rollout logprobs exist (vLLM generation), the rollout-vs-trainer logprob
 difference and importance-sampling weights (the GPT-OSS retrospective's silent collapse). A crossed threshold
-(training.config.DiagnosticsThresholds) logs a warning and is recorded in `warnings` for the report.
+(training.config.DiagnosticsThresholds) logs a warning and is recorded in `warnings` for the report; with
+`stop=True` (GRPO) a gradient norm above `stop_grad_norm`, or not finite, also stops training and says why in
+`stopped`.
 
 `UpdateCheck` (GRPO) measures what each optimiser step did to the policy: the change in log-probability of the
 step's own completions (trained tokens only), for those with a positive advantage and those with a negative one.
@@ -121,9 +123,11 @@ class DiagnosticsCallback(TrainerCallback):
     """Collects StepDiagnostics from every log event and warns on crossed thresholds."""
 
     def __init__(self, thresholds: DiagnosticsThresholds | None = None,
-                 update_check: UpdateCheck | None = None) -> None:
+                 update_check: UpdateCheck | None = None, *, stop: bool = False) -> None:
         self.thresholds = thresholds or DiagnosticsThresholds()
         self.update_check = update_check
+        self.stop = stop
+        self.stopped: str | None = None
         self.steps: list[StepDiagnostics] = []
         self.warnings: list[str] = []
         self._first_entropy: float | None = None
@@ -145,6 +149,13 @@ class DiagnosticsCallback(TrainerCallback):
         for w in check_step(d, self.thresholds, self._first_entropy):
             self.warnings.append(w)
             log.warning(w)
+        g = d.grad_norm
+        if self.stop and self.stopped is None and g is not None and not g <= self.thresholds.stop_grad_norm:
+            self.stopped = (f"step {d.step}: grad norm {g:.1f} > stop_grad_norm {self.thresholds.stop_grad_norm:g}: "
+                            f"training stopped, the gradient norms exploded (a trainer/rollout mismatch or a "
+                            f"learning rate too high)")
+            log.warning(self.stopped)
+            control.should_training_stop = True
 
     def summary(self) -> dict[str, Any]:
         """Means over steps of the logged metrics, plus the warnings (for metrics_json and reports)."""

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from sandbox.result import Backend
 from tasks.spec import Task
+from training.attention import use_attention
 from training.config import DiagnosticsThresholds, GRPOConfig
 from training.sft import TrainingError, router_logits_off
 from warehouse import chat
@@ -52,6 +53,8 @@ class GRPOResult(BaseModel):
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="Per-run summary of step diagnostics.")
     steps_diagnostics: list[dict[str, Any]] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    stopped: str | None = Field(default=None, description="Why training stopped early (a gradient norm above "
+                                "diagnostics.stop_grad_norm); None when it ran all its steps.")
 
 
 def check_gpu_path(cfg: GRPOConfig) -> None:
@@ -157,11 +160,12 @@ def task_rows(tasks: list[Task]) -> dict[str, list]:
 
 def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, cfg: GRPOConfig, *,
                backend: Backend, rewards: Any = None, thresholds: DiagnosticsThresholds | None = None,
-               progress: bool = True, episode_log: EpisodeLog | None = None) -> GRPOResult:
+               progress: bool = True, episode_log: EpisodeLog | None = None, attention: str = "eager") -> GRPOResult:
     """Improve `model_path` with GRPO on `tasks` (train split), tool calls in sandboxes of `backend`.
 
     Saves the new student to `out_dir`. `rewards` is an optional tasks.judge.rewards.RewardConfig (process terms).
     With `episode_log`, every generation GRPO scores is written to the lake as it is scored (stage grpo).
+    `attention` is the attention kernel the policy trains and generates with (training/attention.py).
     Seeded: the same inputs and config give the same loss sequence on the same machine (CPU path).
     """
     import torch
@@ -190,11 +194,11 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     dataset = Dataset.from_dict(cols)
     tokenizer = use_codec_parser(AutoTokenizer.from_pretrained(str(model_path)))
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(str(model_path))
+    model = use_attention(AutoModelForCausalLM.from_pretrained(str(model_path)), attention)
     router_logits_off(model)  # MoE students: generation must not compute the aux loss (training/sft.py)
     reward_fn = EpisodeReward(backend=backend, rewards=rewards, strengths=tuple(cfg.reward_strengths))
     check = UpdateCheck() if cfg.update_check else None
-    diag = DiagnosticsCallback(thresholds, update_check=check)
+    diag = DiagnosticsCallback(thresholds, update_check=check, stop=True)
     cuda = torch.cuda.is_available()
     batch = cfg.num_generations * cfg.prompts_per_step
     out = Path(out_dir)
@@ -248,6 +252,6 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
         verdicts={k: s[k] for k in ("pass", "fail", "hack", "model_error", "infra")},
         hacks_with_positive_reward=sum(1 for h in reward_fn.history if h["verdict"] == "hack" and h["reward"] > 0),
         diagnostics=diag.summary(), steps_diagnostics=[d.model_dump() for d in diag.steps],
-        warnings=list(diag.warnings), rows_written=episode_log.written if episode_log else 0,
+        warnings=list(diag.warnings), stopped=diag.stopped, rows_written=episode_log.written if episode_log else 0,
         rows_skipped=episode_log.skipped if episode_log else 0,
     )

@@ -88,7 +88,7 @@ def student_policy(student: StudentConfig, model: str | Path, name: str, *, temp
 
     return TransformersPolicy(model, name=name, temperature=temperature, max_new_tokens=student.max_new_tokens,
                               batch_size=student.batch_size, seed=seed, threads=student.threads,
-                              enable_thinking=student.thinking)
+                              enable_thinking=student.thinking, dtype=student.rollout_dtype)
 
 
 def run_in_memory(backend: Backend, knobs: RolloutConfig, *, run_id: str, round: int,

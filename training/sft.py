@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from training.attention import use_attention
 from training.config import SFTConfig
 from warehouse import chat
 from warehouse.record import Trajectory, example_key
@@ -193,11 +194,12 @@ def _device_kwargs(bf16: bool) -> dict[str, Any]:
 
 def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: str | Path, cfg: SFTConfig, *,
               snapshot_id: str | None = None, root: str | None = None, progress: bool = True,
-              callbacks: list | None = None) -> SFTResult:
+              callbacks: list | None = None, attention: str = "eager") -> SFTResult:
     """Fine-tune `model_path` (a local folder or hub id) on `rows` (or on snapshot `snapshot_id` of lake `root`).
 
     Saves the student to `out_dir` (model + tokenizer) and returns the loss curve and drop counts. Seeded: the same
-    inputs and config give the same loss sequence on the same machine.
+    inputs and config give the same loss sequence on the same machine. `attention` is the trainer's attention kernel
+    (training/attention.py; student.train_attention).
     """
     import torch
     from datasets import Dataset
@@ -228,7 +230,7 @@ def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: st
                             f"max_length={cfg.max_length}, {stats['dropped_malformed']} malformed); raise "
                             f"SFTConfig.max_length or check the snapshot")
     phases = sft_phases(cols, stats["kept_sources"], cfg)
-    model = AutoModelForCausalLM.from_pretrained(str(model_path))
+    model = use_attention(AutoModelForCausalLM.from_pretrained(str(model_path)), attention)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # low entropy is SFT's goal (confident imitation), not a collapse: only GRPO warns on it

@@ -360,6 +360,63 @@ def _plot_panel(rows: list[dict[str, Any]], path: Path) -> dict[str, tuple[float
     return limits
 
 
+def _step_series(rows: list[dict[str, Any]], name: str) -> dict[int, list[tuple[int, float]]]:
+    """Per round, GRPO's per-step figure `name` (rounds rows subject 'step', metric NAME:STEP) in step order."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["subject"] == "step" and r["metric"].rpartition(":")[0] == name:
+            out.setdefault(r["round"], []).append((int(r["metric"].rpartition(":")[2]), r["value"]))
+    return {rd: sorted(v) for rd, v in sorted(out.items())}
+
+
+def gradient_health(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per round with GRPO steps: steps logged, the largest and last gradient norm, the largest clip fraction and
+    importance weight, the stop threshold and the step GRPO stopped at (when its norms exploded)."""
+    out = []
+    for rd, norms in _step_series(rows, "grad_norm").items():
+        def stage(m: str, rd: int = rd) -> float | None:
+            vs = [r["value"] for r in rows if r["round"] == rd and r["stage"] == "grpo" and r["metric"] == m]
+            return vs[-1] if vs else None
+        clip = [v for _, v in _step_series(rows, "clip_fraction").get(rd, [])]
+        iw = [v for _, v in _step_series(rows, "importance_weight_max").get(rd, [])]
+        stopped = stage("grpo_stopped_at")
+        out.append({"round": rd, "steps": len(norms), "grad_norm_max": round(max(v for _, v in norms), 4),
+                    "grad_norm_last": round(norms[-1][1], 4),
+                    "clip_fraction_max": round(max(clip), 4) if clip else "",
+                    "importance_weight_max": round(max(iw), 4) if iw else "",
+                    "stop_grad_norm": stage("grpo_stop_grad_norm") or "",
+                    "stopped_at_step": int(stopped) if stopped is not None else ""})
+    return out
+
+
+def _plot_gradient_health(rows: list[dict[str, Any]], path: Path) -> bool:
+    """GRPO's gradient norm per step (log scale, each round a line, the stop threshold dashed red), and its clip
+    fraction and largest importance weight per step when TRL logged them. False (no file) without steps."""
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("grad_norm", "clip_fraction", "importance_weight_max") if _step_series(rows, n)]
+    if "grad_norm" not in names:
+        return False
+    fig, axes = plt.subplots(1, len(names), figsize=(3.8 * len(names), 3.0), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for rd, pts in _step_series(rows, name).items():
+            ax.plot([s for s, _ in pts], [v for _, v in pts], "o-", ms=3, label=f"round {rd}")
+        if name == "grad_norm":
+            ax.set_yscale("log")
+            stop = [r["value"] for r in rows if r["metric"] == "grpo_stop_grad_norm"]
+            if stop:
+                ax.axhline(stop[-1], ls="--", color="tab:red", label=f"stops above {stop[-1]:g}")
+        ax.set_title(f"GRPO {name} per step", fontsize=9)
+        ax.set_xlabel("GRPO step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _md_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "_none yet_\n"
@@ -409,13 +466,16 @@ def build_report(root: str, run_id: str) -> Report:
     if control:
         _plot_control(control, folder / "sft_vs_grpo.png")
         plots.append("sft_vs_grpo.png")
+    grad = gradient_health(rows)
+    if _plot_gradient_health(rows, folder / "gradient_health.png"):
+        plots.append("gradient_health.png")
     steps = grpo_steps(str(root), run_id)
     if steps:
         _plot_grpo_steps(steps, folder / "grpo_steps.png")
         plots.append("grpo_steps.png")
     heldout = heldout_table(str(root), run_id)
     other = [r for r in rows if not (r["split"] == "heldout" and r["metric"].startswith(("pass@", "sampled_pass@")))
-             and r["metric"] not in ("episodes", "sampled_episodes")]
+             and r["metric"] not in ("episodes", "sampled_episodes") and r["subject"] != "step"]
     for r in other:
         r["value"] = round(r["value"], 4)
     md = [f"# flywheel run `{run_id}`\n", "## Held-out pass rate\n", _md_table(heldout)]
@@ -425,6 +485,8 @@ def build_report(root: str, run_id: str) -> Report:
         md += ["## SFT-only control (rounds with GRPO)\n", _md_table(control)]
     if steps:
         md += ["## GRPO steps (its own episodes)\n", _md_table(steps)]
+    if grad:
+        md += ["## GRPO gradient health (per step in the rounds table, subject 'step')\n", _md_table(grad)]
     md += [f"![{n}]({n})\n" for n in plots]
     health = health_table(str(root), run_id)
     if health:
@@ -443,7 +505,7 @@ def build_report(root: str, run_id: str) -> Report:
         f"<h2>{html.escape(t)}</h2>{_html_table(rs)}" for t, rs in (
             ("Held-out pass rate", heldout), ("Promotion against the incumbent", promotion),
             ("SFT-only control (rounds with GRPO)", control),
-            ("GRPO steps (its own episodes)", steps)) if rs or t == "Held-out pass rate")
+            ("GRPO steps (its own episodes)", steps), ("GRPO gradient health", grad)) if rs or t == "Held-out pass rate")
     body += "".join(f'<figure><img src="{n}" alt="{n}"></figure>' for n in plots)
     if health:
         body += f"<h2>Verifier health (flywheel tasks audit)</h2>{_html_table(health)}"

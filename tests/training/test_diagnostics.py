@@ -55,3 +55,18 @@ def test_callback_reads_trl_keys():
     assert len(cb.warnings) == 1 and "zero advantage" in cb.warnings[0]
     s = cb.summary()
     assert s["reward_mean"] == 0.5 and s["warnings"] == cb.warnings
+
+
+def test_exploding_gradient_norms_stop_the_run():
+    """With stop=True (GRPO) a grad norm above stop_grad_norm, or not finite, stops training once and says why;
+    below it, or with stop=False (SFT), it only warns."""
+    t = DiagnosticsThresholds(stop_grad_norm=1000.0)
+    for norm, stops in ((999.0, False), (1500.0, True), (float("nan"), True), (float("inf"), True)):
+        cb, control = DiagnosticsCallback(t, stop=True), SimpleNamespace(should_training_stop=False)
+        cb.on_log(None, SimpleNamespace(global_step=4), control, logs={"loss": 0.1, "grad_norm": norm})
+        assert control.should_training_stop is stops and (cb.stopped is not None) is stops, norm
+        if stops:
+            assert cb.stopped.startswith("step 4: grad norm") and "stop_grad_norm 1000" in cb.stopped
+    quiet, control = DiagnosticsCallback(t), SimpleNamespace(should_training_stop=False)
+    quiet.on_log(None, SimpleNamespace(global_step=1), control, logs={"loss": 0.1, "grad_norm": 1500.0})
+    assert not control.should_training_stop and quiet.stopped is None and "grad norm 1500.0" in quiet.warnings[0]

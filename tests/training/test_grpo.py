@@ -15,7 +15,7 @@ import pytest
 from tasks import arithmetic
 from tasks.judge.api import RewardConfig
 from tests.conftest import FLYWHEEL
-from training.config import GRPOConfig, SFTConfig
+from training.config import DiagnosticsThresholds, GRPOConfig, SFTConfig
 from training.grpo import EpisodeLog, check_gpu_path, task_rows, train_grpo
 from training.sft import TrainingError, train_sft
 
@@ -151,3 +151,17 @@ def test_update_check_tells_a_sound_step_from_an_overshooting_one(warm_student, 
                      GRPOConfig(learning_rate=1e-4, update_check=False, **base), backend=backend, rewards=rewards,
                      progress=False)
     assert off.steps_diagnostics[0]["update_logp_pos"] is None
+
+
+@pytest.mark.slow
+def test_exploding_gradient_norms_stop_grpo(warm_student, backend, tmp_path):
+    """The real trainer stops at the first step whose gradient norm crosses diagnostics.stop_grad_norm (here a
+    limit every real step crosses), with the reason in the result; the seeded test above ran its steps in full
+    under the default limit."""
+    cfg = GRPOConfig(max_steps=3, num_generations=4, prompts_per_step=2, max_completion_length=40,
+                     max_tool_calling_iterations=1, learning_rate=1e-3, seed=5)
+    rewards = RewardConfig(outcome_weight=1.0, well_formed_weight=0.5, answer_format_weight=0.5)
+    res = train_grpo(warm_student, _process_reward_tasks(), tmp_path / "stop", cfg, backend=backend, rewards=rewards,
+                     thresholds=DiagnosticsThresholds(stop_grad_norm=1e-9), progress=False)
+    assert res.steps == 1 and len(res.steps_diagnostics) == 1 and res.episodes == 2 * 4
+    assert res.stopped and res.stopped.startswith("step 1: grad norm") and "stop_grad_norm 1e-09" in res.stopped

@@ -64,3 +64,25 @@ def test_rows_without_logprobs_are_refused(gptoss_rows):
     bare = [r.model_copy(update={"completion_logprobs": None}) for r in rows]
     with pytest.raises(MismatchError, match="completion_logprobs"):
         rows_panel(None, policy.tokenizer, bare)
+
+
+def test_a_trainer_without_sinks_is_flagged_and_the_sink_aware_kernel_closes_it(gptoss_rows):
+    """The GPT-OSS retrospective's bug on purpose: rollouts with sinks (eager), the trainer's attention without them
+    (training.attention's sdpa_nosinks stand-in); a limit the matched trainer passes by three orders of magnitude
+    refuses it; the fix (a sink-aware kernel in the trainer, sdpa_sinks) agrees with the rollouts as closely as the
+    matched trainer. (An untrained model's near-uniform next-token distributions keep the gap small in nats; the
+    benchmark measures it on a trained student.)"""
+    from transformers import AutoModelForCausalLM
+
+    from training.attention import use_attention
+
+    path, policy, rows = gptoss_rows
+    trainer = {name: rows_panel(use_attention(AutoModelForCausalLM.from_pretrained(path).eval(), name),
+                                policy.tokenizer, rows) for name in ("eager", "sdpa_nosinks", "sdpa_sinks")}
+    print({k: (p.mean_abs_diff, p.token_mult_prob_error, p.iw_max) for k, p in trainer.items()})
+    limit = MismatchThresholds(max_mean_abs_logp_diff=1e-4)
+    assert trainer["eager"].mean_abs_diff < 1e-6 and promotion_refusals(trainer["eager"], limit) == []
+    assert trainer["sdpa_nosinks"].mean_abs_diff > 1e3 * trainer["eager"].mean_abs_diff
+    assert trainer["sdpa_nosinks"].iw_max > trainer["eager"].iw_max
+    assert any("max_mean_abs_logp_diff" in line for line in promotion_refusals(trainer["sdpa_nosinks"], limit))
+    assert trainer["sdpa_sinks"].mean_abs_diff < 1e-6 and promotion_refusals(trainer["sdpa_sinks"], limit) == []

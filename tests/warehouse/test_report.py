@@ -1,11 +1,13 @@
-"""The run report's plots: the mismatch panel readable at a glance (each figure on its own axis)."""
+"""The run report's plots: the mismatch panel readable at a glance (each figure on its own axis); GRPO's gradient
+health per step from the rows the grpo stage writes."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from flows.train import grpo_step_rows
 from warehouse.lake import write_rows
-from warehouse.report import _plot_panel, build_report
+from warehouse.report import _plot_panel, build_report, gradient_health
 
 
 def _m(round: int, metric: str, value: float) -> dict:
@@ -50,3 +52,24 @@ def test_report_draws_the_panel_from_the_rounds_table(tmp_path):
     empty = str(tmp_path / "other")
     write_rows(empty, "rounds", [dict(_m(1, "yield", 1.0), stage="teacher", subject="teacher")])
     assert not any(p.endswith("mismatch_panel.png") for p in build_report(empty, "run1").plots)
+
+
+def test_gradient_health_per_step_lands_in_the_rounds_table_and_the_report(tmp_path):
+    steps = [{"step": 1, "grad_norm": 2.5, "clip_fraction": 0.0, "importance_weight_max": 1.0, "reward": 0.2},
+             {"step": 2, "grad_norm": 40.0, "clip_fraction": 0.1, "importance_weight_max": 3.0, "reward": 0.3}]
+    exploded = [*steps, {"step": 3, "grad_norm": float("inf"), "reward": 0.3}]
+    rows = (grpo_step_rows("run1", 1, steps, stop_grad_norm=1000.0, stopped=None)
+            + grpo_step_rows("run1", 2, exploded, stop_grad_norm=1000.0, stopped="step 3: grad norm inf > ..."))
+    names = {(r["round"], r["metric"]) for r in rows}
+    assert {(1, "grad_norm:1"), (1, "grad_norm:2"), (1, "clip_fraction:2"), (1, "grpo_stop_grad_norm")} <= names
+    assert (2, "grpo_stopped_at") in names and (1, "grpo_stopped_at") not in names
+    assert (2, "grad_norm:3") not in names  # not finite: the stop row says where, no inf in the table
+    assert all(r["subject"] == "step" for r in rows if ":" in r["metric"])
+    root = str(tmp_path / "lake")
+    write_rows(root, "rounds", rows)
+    report = build_report(root, "run1")
+    assert any(p.endswith("gradient_health.png") for p in report.plots)
+    table = {r["round"]: r for r in gradient_health([dict(r) for r in rows])}
+    assert table[1]["grad_norm_max"] == 40.0 and table[1]["stopped_at_step"] == ""
+    assert table[2]["stopped_at_step"] == 3 and table[2]["importance_weight_max"] == 3.0
+    assert "GRPO gradient health" in report.markdown and "grad_norm:1" not in report.markdown  # table, not rows
