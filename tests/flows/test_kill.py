@@ -372,14 +372,37 @@ def _count_slots(home: Path, taken: int) -> None:
         db.execute("UPDATE concurrency_limit_v2 SET active_slots = ? WHERE name = 'flywheel-sandbox'", (taken,))
 
 
+def test_reset_orphan_slots_waits_while_another_command_lives(tmp_path, monkeypatch, prefect_api):
+    """flows/lease_reaper.py reset_orphan_slots on a real server: slots counted without a lease are left alone while
+    another flywheel command lives (its slots may be counted before their lease is filed), and set back to 0 once
+    none does."""
+    from flows.lease_reaper import _api as api
+    from flows.lease_reaper import reset_orphan_slots
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    name = f"flywheel-test-{uuid.uuid4().hex[:8]}"
+    lim = api(prefect_api, "POST", "/v2/concurrency_limits/", {"name": name, "limit": 8, "active_slots": 4})
+    try:
+        live = tmp_path / "flywheel-leases" / f"{os.getpid()}-{_start(os.getpid())}"  # this test, as a live command
+        live.mkdir(parents=True)
+        own = live.with_name("1-0")  # the resetting command's own folder
+        assert reset_orphan_slots(prefect_api, own) == {}
+        assert api(prefect_api, "GET", f"/v2/concurrency_limits/{lim['id']}")["active_slots"] == 4
+        live.rmdir()
+        assert reset_orphan_slots(prefect_api, own).get(name) == 4
+        assert api(prefect_api, "GET", f"/v2/concurrency_limits/{lim['id']}")["active_slots"] == 0
+    finally:
+        api(prefect_api, "DELETE", f"/v2/concurrency_limits/{lim['id']}")
+
+
 def test_own_server_resets_the_slots_no_live_command_holds(tmp_path):
-    """flows/lease_reaper.py reset_orphan_slots: slots counted without a lease are set back to 0 by the next command
-    on its own server when no other command lives, and left alone while another command lives."""
+    """The same through the console script: slots counted without a lease in a command's own server's database
+    are set back to 0 by the next command on its own server (no other command lives), which then completes."""
     home, marker = tmp_path / "prefect-home", uuid.uuid4().hex
     env = {**_env(home, marker), "FLYWHEEL_LOCAL_SERVER": "own"}
 
-    def generate(out: str, concurrency: int = 8) -> str:
-        p = start_generate(tmp_path, env, 2, out, concurrency=concurrency)
+    def generate(out: str) -> str:
+        p = start_generate(tmp_path, env, 2, out)
         try:
             assert p.wait(timeout=300) == 0, (tmp_path / f"{out}.err").read_text()[-3000:]
         finally:
@@ -391,14 +414,6 @@ def test_own_server_resets_the_slots_no_live_command_holds(tmp_path):
 
     generate("lake-first")  # makes the database and the limit
     assert active_slots(home) == 0
-    live = home / "flywheel-leases" / f"{os.getpid()}-{_start(os.getpid())}"  # this test process, as a command
-    live.mkdir(parents=True)
-    _count_slots(home, 4)
-    err = generate("lake-beside", concurrency=4)  # the 4 slots left
-    assert "that no live command holds" not in err
-    assert active_slots(home) == 4  # another command lives: its slots may be counted before their lease is filed
-
-    live.rmdir()
     _count_slots(home, 8)  # all of them: without the reset the next command would wait forever
     err = generate("lake-next")
     assert "reset 8 slot(s) of concurrency limit 'flywheel-sandbox' that no live command holds" in err, err[-3000:]
