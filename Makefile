@@ -4,6 +4,10 @@
 setup:
 	bash scripts/setup.sh
 
+# Python may write bytecode (an environment that sets PYTHONDONTWRITEBYTECODE would compile every import of every
+# process again; setup installs with pip --no-compile and leaves the rarely imported modules to their first import).
+export PYTHONDONTWRITEBYTECODE =
+
 # The main job on the offline default.
 run: setup
 	.venv/bin/flywheel run --out runs/default --backend local
