@@ -41,6 +41,7 @@ def sql(root: Path, query: str) -> list[dict]:
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow  # runs a HumanEval subset in sandboxes, k times each: not the fast core (make test-fast)
 def test_humaneval_subset_audit_prints_the_figures_and_lands_in_the_lake(tmp_path):
     root, out = tmp_path / "lake", tmp_path / "audit.json"
     r = flywheel("tasks", "audit", "humaneval", "--n", "10", "--k", "2", "--backend", "local", "--root", str(root),

@@ -37,6 +37,7 @@ def _echoes(model_dir, texts: list[str]) -> list[str]:
     return out
 
 
+@pytest.mark.slow  # trains the copy warm-up: not the fast core (make test-fast)
 def test_warm_up_teaches_copying_of_unseen_prompts(base, tmp_path):
     """Trained on 200 train prompts, the model echoes held-out prompts (other numbers, other sums) digit for digit;
     the random base echoes none of them."""
