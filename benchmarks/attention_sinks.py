@@ -38,6 +38,8 @@ _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.mismatch_gptoss import sft_student, student_args
+
 CONDITIONS = (  # name, rollout dtype, trainer kernel
     ("matched", "float32", "eager"),
     ("bf16 rollouts", "bfloat16", "eager"),
@@ -105,16 +107,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/flywheel-attention-sinks.json")
     ap.add_argument("--work", default="/tmp/flywheel-attention-sinks")
-    ap.add_argument("--backend", default="local", choices=["local", "docker"])
     ap.add_argument("--tasks", type=int, default=8, help="tasks rolled out per dtype")
     ap.add_argument("--group", type=int, default=4, help="samples per task (GRPO's group)")
-    ap.add_argument("--sft-steps", type=int, default=60)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--top-k", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--epsilon", type=float, default=0.2)
+    student_args(ap)
     args = ap.parse_args()
 
     import torch
@@ -123,7 +118,6 @@ def main() -> None:
     torch.set_num_threads(1)
     from agents.rollout import rollout
     from agents.transformers_policy import TransformersPolicy
-    from benchmarks.mismatch_gptoss import sft_student
     from sandbox.backend import open_backend
     from sandbox.result import SandboxConfig
     from training.attention import use_attention

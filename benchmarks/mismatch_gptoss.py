@@ -80,19 +80,24 @@ def sft_student(work: Path, backend: Any, *, hidden: int, layers: int, experts: 
     return train, base, sft
 
 
+def student_args(ap: argparse.ArgumentParser) -> None:
+    """The options of `sft_student` and of the student's rollouts, shared by the GPT-OSS benchmarks."""
+    ap.add_argument("--backend", default="local", choices=["local", "docker"], help="sandbox backend")
+    ap.add_argument("--sft-steps", type=int, default=60, help="SFT steps on the reference teacher's episodes")
+    ap.add_argument("--hidden", type=int, default=64, help="tiny-gptoss hidden size")
+    ap.add_argument("--layers", type=int, default=2, help="tiny-gptoss layers")
+    ap.add_argument("--experts", type=int, default=8, help="MoE experts per layer")
+    ap.add_argument("--top-k", type=int, default=2, help="experts per token")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens per student turn")
+    ap.add_argument("--epsilon", type=float, default=0.2, help="GRPO's clip range of the importance weight")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/flywheel-mismatch-gptoss.json")
     ap.add_argument("--work", default="/tmp/flywheel-mismatch-gptoss")
-    ap.add_argument("--backend", default="local", choices=["local", "docker"])
     ap.add_argument("--tasks", type=int, default=16, help="rollout episodes per dtype")
-    ap.add_argument("--sft-steps", type=int, default=60)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--top-k", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--epsilon", type=float, default=0.2)
+    student_args(ap)
     args = ap.parse_args()
 
     import torch
