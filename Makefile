@@ -34,6 +34,7 @@ bench:
 	.venv/bin/python benchmarks/verify.py --backend both --n 10
 	.venv/bin/python benchmarks/decontam.py --train 1000 --heldout 100 --code-train 100
 	.venv/bin/python benchmarks/startup.py --rounds 1
+	.venv/bin/python benchmarks/server_start.py --rounds 2
 
 lint:
 	.venv/bin/ruff check .

@@ -1,6 +1,7 @@
 """A command's own temporary Prefect server (FLYWHEEL_LOCAL_SERVER=own): uvicorn over Prefect's app, no UI, on a
 free loopback port, launched with PR_SET_PDEATHSIG=SIGKILL so that the kernel kills it when the command dies,
-however it dies. Its leases go to the command's own folder, PREFECT_HOME/flywheel-leases/PID-STARTTIME.
+however it dies. Its leases go to the command's own folder, PREFECT_HOME/flywheel-leases/PID-STARTTIME. A home with
+no database gets the migrated template first (flows/prefect_db.py).
 
 This module launches, waits for and stops that one process; which server a command uses, and the reaping before
 its first flow, are flows/localserver.py's. It does not import prefect.
@@ -17,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from flows.prefect_home import LocalServerError, drop_if_empty, lease_root, self_id
+from flows import prefect_db
+from flows.prefect_home import LocalServerError, drop_if_empty, lease_root, prefect_home, self_id
 from flows.shared_server import free_port, health, server_env
 
 _PR_SET_PDEATHSIG = 1
@@ -44,6 +46,7 @@ def launch() -> str:
     global _server, _url, _lease_dir
     _lease_dir = lease_root() / self_id()
     _lease_dir.mkdir(parents=True, exist_ok=True)
+    prefect_db.seed(prefect_home())
     port = free_port()
     _server = subprocess.Popen(_server_argv(port), env=server_env(ephemeral=True, lease_dir=_lease_dir),
                                preexec_fn=_die_with_parent,  # noqa: PLW1509 - before any thread

@@ -3,8 +3,8 @@
 The shared server is named by PREFECT_HOME/flywheel-server.json (pid, kernel start time, url, log, started,
 idle_s). A command uses it when its process lives (same pid and start time) and it answers, or when it started
 under STARTING_GRACE_S ago and may still be coming up; otherwise (no state file, a dead pid, a server that never
-answered) the command starts one, detached (its own session, log PREFECT_HOME/flywheel-server.log), and records
-it. A file lock (PREFECT_HOME/flywheel-server.lock) makes concurrent first commands start one server, not several,
+answered) the command starts one, detached (its own session, log PREFECT_HOME/flywheel-server.log; a home with no
+database gets the migrated template first, flows/prefect_db.py), and records it. A file lock (PREFECT_HOME/flywheel-server.lock) makes concurrent first commands start one server, not several,
 and orders the client registrations (PREFECT_HOME/flywheel-clients/PID-STARTTIME) against the server's idle
 watchdog. The server's own process (the app, the idle watchdog) is flows/server_process.py; the releasing of
 dead commands' slots is flows/lease_reaper.py. This module does not import prefect.
@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from flows import prefect_db
 from flows.prefect_home import (
     LocalServerError,
     clients_dir,
@@ -181,6 +182,7 @@ def _spawn_shared(port: int | None, idle_s: float) -> dict:
     log = prefect_home() / "flywheel-server.log"
     url = f"http://127.0.0.1:{port}/api"
     env = {**server_env(ephemeral=False), "PREFECT_UI_API_URL": url}
+    prefect_db.seed(prefect_home())
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flows.server_process", str(port), str(idle_s)], env=env,
                                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,

@@ -141,7 +141,10 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     """A real `prefect server` on 127.0.0.1; yields its API URL and points this process and children at it."""
+    from flows.prefect_db import seed
+
     home = tmp_path_factory.mktemp("prefect-home")
+    seed(home)  # a migrated database, as flywheel's own servers get one (flows/prefect_db.py)
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_UI_ENABLED": os.environ.get("PREFECT_SERVER_UI_ENABLED", "true"),

@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA_VERSION = 3  # 2: verifier_strength; 3: stage/grpo_step/group_id/advantage, reasoning, prompt ids, template
 
@@ -157,80 +159,101 @@ def example_key(row: Trajectory) -> str:
     return hashlib.sha256(json.dumps(parts, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()[:32]
 
 
-FUNCTION_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.string())])
-TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", FUNCTION_TYPE)])
-MESSAGE_TYPE = pa.struct(
-    [
-        ("role", pa.string()),
-        ("content", pa.string()),
-        ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
-        ("tool_call_id", pa.string()),
-        ("name", pa.string()),
-        ("reasoning", pa.string()),
-    ]
-)
+def _arrow_types() -> dict[str, Any]:
+    """The Arrow types of a row, built on first use (module __getattr__ below): importing pyarrow costs every
+    command that only reads its config about 0.3 s."""
+    if _ARROW:
+        return _ARROW
+    import pyarrow as pa
 
-TRAJECTORY_SCHEMA = pa.schema(
-    [
-        ("trajectory_id", pa.string()),
-        ("run_id", pa.string()),
-        ("round", pa.int32()),
-        ("source", pa.string()),
-        ("policy", pa.string()),
-        ("endpoint", pa.string()),
-        ("sampling_json", pa.string()),
-        ("sample_index", pa.int32()),
-        ("task_id", pa.string()),
-        ("suite", pa.string()),
-        ("split", pa.string()),
-        ("task_version", pa.string()),
-        ("difficulty", pa.int32()),
-        ("sandbox_backend", pa.string()),
-        ("sandbox_image", pa.string()),
-        ("verifier", pa.string()),
-        ("verifier_version", pa.string()),
-        ("verifier_strength", pa.string()),
-        ("messages", pa.list_(MESSAGE_TYPE)),
-        ("tools_json", pa.string()),
-        ("answer", pa.string()),
-        ("reward", pa.float64()),
-        ("success", pa.bool_()),
-        ("verdict", pa.string()),
-        ("hack_flags", pa.list_(pa.string())),
-        ("reward_terms_json", pa.string()),
-        ("verifier_details_json", pa.string()),
-        ("turns", pa.int32()),
-        ("n_tool_calls", pa.int32()),
-        ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()),
-        ("cost_usd", pa.float64()),
-        ("latency_ms", pa.float64()),
-        ("completion_token_ids", pa.list_(pa.list_(pa.int32()))),
-        ("completion_logprobs", pa.list_(pa.list_(pa.float32()))),
-        ("prompt_token_ids", pa.list_(pa.list_(pa.int32()))),
-        ("chat_template_hash", pa.string()),
-        ("model_version", pa.string()),
-        ("stage", pa.string()),
-        ("grpo_step", pa.int32()),
-        ("group_id", pa.string()),
-        ("advantage", pa.float64()),
-        ("error_class", pa.string()),
-        ("error_message", pa.string()),
-        ("schema_version", pa.int32()),
-        ("created_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
+    FUNCTION_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.string())])
+    TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", FUNCTION_TYPE)])
+    MESSAGE_TYPE = pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
+            ("tool_call_id", pa.string()),
+            ("name", pa.string()),
+            ("reasoning", pa.string()),
+        ]
+    )
+
+    TRAJECTORY_SCHEMA = pa.schema(
+        [
+            ("trajectory_id", pa.string()),
+            ("run_id", pa.string()),
+            ("round", pa.int32()),
+            ("source", pa.string()),
+            ("policy", pa.string()),
+            ("endpoint", pa.string()),
+            ("sampling_json", pa.string()),
+            ("sample_index", pa.int32()),
+            ("task_id", pa.string()),
+            ("suite", pa.string()),
+            ("split", pa.string()),
+            ("task_version", pa.string()),
+            ("difficulty", pa.int32()),
+            ("sandbox_backend", pa.string()),
+            ("sandbox_image", pa.string()),
+            ("verifier", pa.string()),
+            ("verifier_version", pa.string()),
+            ("verifier_strength", pa.string()),
+            ("messages", pa.list_(MESSAGE_TYPE)),
+            ("tools_json", pa.string()),
+            ("answer", pa.string()),
+            ("reward", pa.float64()),
+            ("success", pa.bool_()),
+            ("verdict", pa.string()),
+            ("hack_flags", pa.list_(pa.string())),
+            ("reward_terms_json", pa.string()),
+            ("verifier_details_json", pa.string()),
+            ("turns", pa.int32()),
+            ("n_tool_calls", pa.int32()),
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("cost_usd", pa.float64()),
+            ("latency_ms", pa.float64()),
+            ("completion_token_ids", pa.list_(pa.list_(pa.int32()))),
+            ("completion_logprobs", pa.list_(pa.list_(pa.float32()))),
+            ("prompt_token_ids", pa.list_(pa.list_(pa.int32()))),
+            ("chat_template_hash", pa.string()),
+            ("model_version", pa.string()),
+            ("stage", pa.string()),
+            ("grpo_step", pa.int32()),
+            ("group_id", pa.string()),
+            ("advantage", pa.float64()),
+            ("error_class", pa.string()),
+            ("error_message", pa.string()),
+            ("schema_version", pa.int32()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    assert set(TRAJECTORY_SCHEMA.names) == set(Trajectory.model_fields), "schema and model drifted apart"
+    _ARROW.update(FUNCTION_TYPE=FUNCTION_TYPE, TOOL_CALL_TYPE=TOOL_CALL_TYPE, MESSAGE_TYPE=MESSAGE_TYPE,
+                  TRAJECTORY_SCHEMA=TRAJECTORY_SCHEMA)
+    return _ARROW
+
+
+_ARROW: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """FUNCTION_TYPE, TOOL_CALL_TYPE, MESSAGE_TYPE and TRAJECTORY_SCHEMA (pyarrow types), built when first asked for."""
+    if name in ("FUNCTION_TYPE", "TOOL_CALL_TYPE", "MESSAGE_TYPE", "TRAJECTORY_SCHEMA"):
+        return _arrow_types()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Hive partition columns: they live in the folder names, not inside the files.
 PARTITION_COLUMNS = ("run_id", "round")
 
-assert set(TRAJECTORY_SCHEMA.names) == set(Trajectory.model_fields), "schema and model drifted apart"
-
-
 def to_table(rows: list[Trajectory]) -> pa.Table:
     """Rows -> an Arrow table with exactly TRAJECTORY_SCHEMA."""
+    import pyarrow as pa
+
     dicts = [r.model_dump(mode="python") for r in rows]
-    return pa.Table.from_pylist(dicts, schema=TRAJECTORY_SCHEMA)
+    return pa.Table.from_pylist(dicts, schema=_arrow_types()["TRAJECTORY_SCHEMA"])
 
 
 def from_dict(d: dict[str, Any]) -> Trajectory:

@@ -13,7 +13,6 @@ import os
 import re
 import time
 
-import httpx
 from pydantic import BaseModel, Field
 
 from tasks.judge.errors import VerifierUnavailable
@@ -58,6 +57,8 @@ def judge(task: Task, messages: list[Message], config: JudgeConfig) -> JudgeResu
         if not key:
             raise VerifierUnavailable(f"judge API key variable {config.api_key_env} is not set; export it")
         headers["Authorization"] = f"Bearer {key}"
+    import httpx  # here, not at the top: every CLI command imports this module through the config (0.4 s)
+
     url = config.base_url.rstrip("/") + "/chat/completions"
     last_err = ""
     for attempt in range(config.max_retries + 1):

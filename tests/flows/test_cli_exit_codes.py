@@ -99,6 +99,15 @@ def test_bare_group_prints_help_exit_2():
     assert p.returncode == 2 and "Usage" in p.stderr + p.stdout and "Traceback" not in p.stderr
 
 
+def test_the_console_script_starts_without_its_heavy_imports():
+    """Every command imports flows.cli and the config before it does anything: that path leaves pyarrow (the
+    record's Arrow schema is built on first use, warehouse/record.py), httpx (the LLM judge's client, imported
+    when it judges) and prefect to the commands that use them."""
+    code = "import sys, flows.cli; print(sorted(m for m in ('pyarrow', 'httpx', 'numpy', 'prefect') if m in sys.modules))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert p.stdout.strip() == "[]", p.stdout
+
+
 def test_read_commands_never_import_prefect(tmp_path):
     """sql, stats, export and tasks need no Prefect server: they do not even import prefect."""
     (tmp_path / "lake").mkdir()
