@@ -243,7 +243,7 @@ def test_micro_batcher_gathers_concurrent_calls_and_propagates_errors():
     assert sum(b.batches[:-1]) == 20 and max(b.batches) <= 8 and len(b.batches) <= 4
 
 
-def test_gpu_smoke_script_says_what_is_missing():
+def test_gpu_smoke_script_runs_its_cpu_parts_and_says_what_is_missing():
     import subprocess
     from pathlib import Path
 
@@ -257,6 +257,13 @@ def test_gpu_smoke_script_says_what_is_missing():
     out = subprocess.run(["bash", str(root / "scripts" / "gpu_smoke.sh")], capture_output=True, text=True, timeout=120, check=False,
                          env={**__import__("os").environ, "PYTHON": __import__("sys").executable})
     assert out.returncode == 2 and "pip install 'flywheel[gpu]'" in out.stderr, out.stderr
+    # the CPU parts ran (the three students built); every GPU step is a row that says skip, and why
+    assert "built tiny-gptoss, tiny-qwen3, tiny in" in out.stdout, out.stdout
+    skips = [line for line in out.stdout.splitlines() if line.startswith("skip: ")]
+    assert [s.split(" (")[0] for s in skips] == ["skip: vLLM offline + panel"] * 2 + [
+        "skip: vllm serve + OpenAI", "skip: GRPO, vLLM colocate"], out.stdout
+    assert all("flywheel[gpu]" in s for s in skips)
+    assert sum(" | skip | " in line for line in out.stdout.splitlines()) == 4
 
 
 def test_a_task_with_an_unknown_tool_is_a_row_not_a_crash(direct_tasks, no_sandbox):
