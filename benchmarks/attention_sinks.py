@@ -21,6 +21,9 @@ episodes (token mean; advantages = group-normalised rewards, 1 for a passing epi
 rollout's logprobs, the engine-side behaviour policy). Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/attention_sinks.py --out benchmarks/attention_sinks.json
+
+GRPO's gradient needs groups whose episodes both pass and fail: the short SFT of a fresh student rarely passes,
+so its norms are ~0. `--student DIR` rolls out a trained tiny-gptoss instead (a flywheel round's checkpoint).
 """
 
 from __future__ import annotations
@@ -109,11 +112,14 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/flywheel-attention-sinks")
     ap.add_argument("--tasks", type=int, default=8, help="tasks rolled out per dtype")
     ap.add_argument("--group", type=int, default=4, help="samples per task (GRPO's group)")
+    ap.add_argument("--student", default=None, help="a trained tiny-gptoss model folder to roll out (e.g. a "
+                    "flywheel round's checkpoint, models/RUN-r1-grpo under the run's out); default: a short SFT "
+                    "of a fresh one (--sft-steps), whose episodes rarely pass, so GRPO's gradient is ~0")
     student_args(ap)
     args = ap.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.set_num_threads(1)
     from agents.rollout import rollout
@@ -128,10 +134,17 @@ def main() -> None:
     t0 = time.perf_counter()
     rollouts: dict[str, tuple] = {}
     with open_backend(SandboxConfig(backend=args.backend, timeout_s=10.0), pool_size=4) as backend:
-        train, base, sft = sft_student(Path(args.work), backend, hidden=args.hidden, layers=args.layers,
-                                       experts=args.experts, top_k=args.top_k, sft_steps=args.sft_steps)
+        if args.student:  # a trained tiny-gptoss (a flywheel round's checkpoint): its rollouts pass and fail
+            from tasks import arithmetic
+
+            train, student = arithmetic.generate(64, split="train", seed=3, difficulty=1), args.student
+            trained = f"the trained student {student}"
+        else:
+            train, _, sft = sft_student(Path(args.work), backend, hidden=args.hidden, layers=args.layers,
+                                        experts=args.experts, top_k=args.top_k, sft_steps=args.sft_steps)
+            student, trained = sft.checkpoint_path, f"SFT {sft.steps} steps (loss {sft.losses[-1]:.3f})"
         for dtype in ("float32", "bfloat16"):
-            policy = TransformersPolicy(sft.checkpoint_path, temperature=1.0, max_new_tokens=args.max_new_tokens,
+            policy = TransformersPolicy(student, temperature=1.0, max_new_tokens=args.max_new_tokens,
                                         seed=7, batch_size=16, dtype=dtype, name=f"student-{dtype}")
             out: list = []
             asyncio.run(rollout(train[: args.tasks], policy, backend, run_id=f"sinks-{dtype}", samples=args.group,
@@ -144,7 +157,7 @@ def main() -> None:
     results = []
     for name, dtype, kernel in CONDITIONS:
         rows, seqs, rollout_lp, adv = rollouts[dtype]
-        model = use_attention(AutoModelForCausalLM.from_pretrained(sft.checkpoint_path), kernel).eval()
+        model = use_attention(AutoModelForCausalLM.from_pretrained(student), kernel).eval()
         logp = trainer_logprobs(model, seqs, batch_size=8, pad_token_id=pad)
         p = panel(logp, rollout_lp, old=rollout_lp, epsilon=args.epsilon)
         norm = grpo_grad_norm(model, seqs, rollout_lp, adv, epsilon=args.epsilon, pad=pad)
@@ -154,8 +167,9 @@ def main() -> None:
                         "refused": promotion_refusals(p, limits)})
     passed = ", ".join(f"{d}: {sum(r.verdict == 'pass' for r in v[0])} of {len(v[0])} passed"
                        for d, v in rollouts.items())
-    print(f"\ntiny-gptoss: {n_parameters(base):,} parameters, {args.experts} experts top-{args.top_k}; SFT "
-          f"{sft.steps} steps (loss {sft.losses[-1]:.3f}); {args.tasks} tasks x {args.group} samples per rollout "
+    conf = AutoConfig.from_pretrained(student)
+    print(f"\ntiny-gptoss: {n_parameters(student):,} parameters, {conf.num_local_experts} experts "
+          f"top-{conf.num_experts_per_tok}; {trained}; {args.tasks} tasks x {args.group} samples per rollout "
           f"dtype ({passed})")
     head = ("condition", "rollout", "trainer", "tokens", "mean|Δ|", "max|Δ|", "tmpe", "iw_min", "iw_max", "clip",
             "grad_norm", "promotion")

@@ -26,7 +26,14 @@ from curate.config import CurateConfig, CurriculumConfig, SynthesizeStageConfig
 from flows.concurrency import LimitsConfig
 from sandbox.result import SandboxConfig
 from tasks.judge.api import JudgeConfig, RewardConfig
-from training.config import DiagnosticsThresholds, GRPOConfig, MismatchThresholds, SFTConfig, StudentConfig
+from training.config import (
+    TINY_SFT_LEARNING_RATES,
+    DiagnosticsThresholds,
+    GRPOConfig,
+    MismatchThresholds,
+    SFTConfig,
+    StudentConfig,
+)
 
 
 def _shipped_demos() -> list[str]:
@@ -308,7 +315,9 @@ class FlywheelConfig(BaseModel):
                                        "weight decay 0.1 or less, or without the warm-up, some data orders stalled "
                                        "at 54-74% (the student added the numbers in its head instead of copying "
                                        "the tool's output). Batch 8 scores as batch 16 did on round 1 in half the "
-                                       "time (README, 'What `make run` does').")
+                                       "time (README, 'What `make run` does'). A config that picks a tiny family and sets no "
+                                       "sft.learning_rate gets the family's rate (training.config."
+                                       "TINY_SFT_LEARNING_RATES: tiny-gptoss 1e-3).")
     grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=16, num_generations=8, prompts_per_step=4,
                                                                       learning_rate=1e-4),
                              description="GRPO (TRL GRPOTrainer) in our sandboxes; on the CPU default the measured "
@@ -441,8 +450,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def _validated(base: dict[str, Any], data: dict[str, Any], origin: str) -> FlywheelConfig:
+    merged = _merge(base, data)
+    family = data.get("student", {}).get("base")
+    if family in TINY_SFT_LEARNING_RATES and "learning_rate" not in data.get("sft", {}):
+        # the student's family picked here, its SFT rate not: the family's own (training.config)
+        merged["sft"]["learning_rate"] = TINY_SFT_LEARNING_RATES[family]
     try:
-        return FlywheelConfig.model_validate(_merge(base, data))
+        return FlywheelConfig.model_validate(merged)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])

@@ -75,7 +75,8 @@ def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, An
         res = train_sft(parent["path"], None, out, sft_cfg, snapshot_id=snapshot_id, root=root,
                         attention=cfg.student.train_attention)
     metrics = {"final_loss": res.losses[-1] if res.losses else None, "steps": res.steps, "wall_s": res.total_s,
-               "examples": res.n_examples, "dropped_truncated": res.n_dropped_truncated}
+               "examples": res.n_examples, "dropped_truncated": res.n_dropped_truncated,
+               "dropped_malformed": res.n_dropped_malformed}
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="sft", path=res.checkpoint_path,
                              parent_id=parent["checkpoint_id"], snapshot_id=snapshot_id, metrics=metrics)
     write_rows(root, "rounds", [

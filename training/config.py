@@ -14,6 +14,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TINY_FAMILIES = ("tiny", "tiny-gptoss", "tiny-qwen3")  # student.base names of training/tiny.py's FAMILIES
+# The SFT peak learning rate each tiny family learns at after its copy warm-up: flows.config.load_config uses it
+# when a config picks the family and leaves sft.learning_rate unset. GPT-OSS's mixture-of-experts student stalls
+# at 5e-3 (it copies no operand; benchmarks/gptoss_learns.py) and learns at 1e-3.
+TINY_SFT_LEARNING_RATES = {"tiny": 5e-3, "tiny-gptoss": 1e-3, "tiny-qwen3": 5e-3}
 
 
 class TinyModelConfig(BaseModel):

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jinja2.exceptions import TemplateError
 from pydantic import BaseModel, Field
 
 from training.attention import use_attention
@@ -126,7 +127,12 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
             stats["dropped_malformed"] += 1
             stats["dropped_ids"].append(row.trajectory_id)
             continue
-        ids, mask = render_conversation(tokenizer, msgs, tools, template, mask=cfg.assistant_only_loss)
+        try:
+            ids, mask = render_conversation(tokenizer, msgs, tools, template, mask=cfg.assistant_only_loss)
+        except TemplateError:  # the chat template itself refuses the conversation: a bad row, counted
+            stats["dropped_malformed"] += 1
+            stats["dropped_ids"].append(row.trajectory_id)
+            continue
         labels = [t if b else -100 for t, b in zip(ids, mask)]
         if len(ids) > cfg.max_length:
             ids, labels = ids[: cfg.max_length], labels[: cfg.max_length]

@@ -26,9 +26,10 @@ Design choices (measured on 2 cores):
   are special tokens; `<tool_call>`/`<think>`-style tags are added tokens, so that tokenization agrees between
   training and generation. The GPT-OSS folder loads as a PreTrainedTokenizerFast (transformers maps no tokenizer
   class to gpt_oss), so it keeps the same pre-tokenizer.
-- Prompt tokens: a system block (system prompt + tool schemas as rendered; harmony's developer block) that recurs
-  in the corpus becomes one added token, so the constant ~200-token tool prompt costs one position (steps ~3x
-  cheaper on CPU). Any other prompt still tokenizes, through ordinary BPE.
+- Prompt tokens: a system block (system prompt + tool schemas as rendered; harmony's developer block, and its
+  system message in two blocks around the date) that recurs in the corpus becomes one added token, so the
+  constant ~200-token tool prompt costs one position (steps ~3x cheaper on CPU). Any other prompt still
+  tokenizes, through ordinary BPE.
 - Weights are random (seeded): a fresh student knows nothing; SFT teaches it.
 
 It does not train the model (see sft.py / grpo.py).
@@ -71,7 +72,7 @@ class Family:
     eos_token: str  # ends an answer (the tokenizer's eos)
     stop_tokens: tuple[str, ...]  # every token that ends a generated turn (generation_config.eos_token_id)
     tag_tokens: tuple[str, ...]  # added, non-special tags kept whole
-    system_block: re.Pattern  # the recurring prompt block (system prompt + tools) that becomes one token
+    system_block: re.Pattern  # the recurring prompt blocks (system prompt + tools): each group becomes one token
 
 
 FAMILIES: dict[str, Family] = {  # keyed by the student.base name
@@ -89,7 +90,10 @@ FAMILIES: dict[str, Family] = {  # keyed by the student.base name
         ("<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
          "<|call|>"),
         "<|return|>", ("<|return|>", "<|call|>"), (),
-        re.compile(r"<\|start\|>developer<\|message\|>(.*?)<\|end\|>", re.DOTALL)),
+        # harmony's system message (model identity, cutoff, reasoning effort, channels) around its date, which the
+        # template writes as today's, and the developer message (instructions and tools): three blocks
+        re.compile(r"<\|start\|>system<\|message\|>(.*?Current date: )\d{4}-\d{2}-\d{2}(.*?)<\|end\|>"
+                   r"|<\|start\|>developer<\|message\|>(.*?)<\|end\|>", re.DOTALL)),
 }
 assert set(FAMILIES) == set(TINY_FAMILIES), "training.config.TINY_FAMILIES must name FAMILIES"
 CHAT_TEMPLATE = qwen2_5_chat_template  # the default family's
@@ -147,11 +151,14 @@ def prompt_blocks(corpus: list[str], *, min_count: int = 2, family: str = "tiny"
 
     Each becomes one added token: a constant prompt of ~200 BPE tokens then costs one position, which makes tiny-model
     steps several times cheaper. A prompt that differs by one character falls back to ordinary BPE tokens.
+    GPT-OSS's system message is cut around the date the template writes (today's): two blocks, with the date's
+    digits as ordinary tokens between them, so a prompt rendered on another day still uses both.
     """
     counts: dict[str, int] = {}
     for text in corpus:
-        for block in FAMILIES[family].system_block.findall(text):
-            counts[block] = counts.get(block, 0) + 1
+        for match in FAMILIES[family].system_block.finditer(text):
+            for block in filter(None, match.groups()):
+                counts[block] = counts.get(block, 0) + 1
     return sorted(b for b, c in counts.items() if c >= min_count and len(b) > 16)
 
 

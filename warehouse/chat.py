@@ -65,6 +65,8 @@ _HARMONY_END_RE = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 _HARMONY_RECIPIENT_RE = re.compile(r"to=functions\.([^\s<]+)")
 _HARMONY_CHANNEL_RE = re.compile(r"<\|channel\|>\s*(\w+)")
 HARMONY_START = "<|start|>assistant"
+# what GPT-OSS's template refuses inside an assistant message's content or thinking
+HARMONY_HEADERS = ("<|channel|>analysis<|message|>", "<|channel|>final<|message|>")
 Dialect = str  # "hermes" | "harmony"
 DIALECTS = ("hermes", "harmony")
 
@@ -305,7 +307,8 @@ def to_template(messages: list[Message], *, template: str | dict | None = None) 
     content (`inline_reasoning`). See the module docstring.
 
     Raises ConversationError for a call it cannot render faithfully (the template would show the model something
-    it never wrote)."""
+    it never wrote), and for harmony, an assistant content or reasoning that holds a harmony message header
+    (`HARMONY_HEADERS`, which the template refuses)."""
     dialect, key = dialect_of(template), reasoning_key(template)
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -315,6 +318,11 @@ def to_template(messages: list[Message], *, template: str | dict | None = None) 
         if m.tool_calls:
             d["tool_calls"] = [template_call(tc) for tc in m.tool_calls]
         reasoning = m.reasoning if m.role == "assistant" else None
+        if dialect == "harmony" and m.role == "assistant":
+            for field, text in (("content", m.content), ("reasoning", reasoning)):
+                if text and (marker := next((h for h in HARMONY_HEADERS if h in text), None)):
+                    raise ConversationError(f"an assistant {field} holds harmony's message header {marker!r}: the "
+                                            f"template would render a message inside a message (and refuses to)")
         if reasoning and dialect == "harmony":
             if m.tool_calls and d["content"]:
                 d["thinking"], d["content"] = reasoning + "\n\n" + d["content"], ""

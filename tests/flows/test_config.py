@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.config import ConfigError, FlywheelConfig, load_config
+from flows.config import ConfigError, FlywheelConfig, load_config, run_config
+from training.config import TINY_SFT_LEARNING_RATES
 
 
 def test_one_key_of_a_section_keeps_the_sections_other_defaults(tmp_path):
@@ -26,6 +27,25 @@ def test_lists_are_replaced_whole_and_round_trip_through_toml(tmp_path):
     f = tmp_path / "saved.toml"
     f.write_text(cfg.to_toml())
     assert load_config(f) == cfg
+
+
+def test_a_tiny_family_brings_its_sft_rate_unless_the_rate_is_set(tmp_path):
+    """Picking tiny-gptoss (whose MoE student stalls at the default 5e-3) gives its family's SFT rate, through
+    --set, a TOML file and a run's parameters; a rate set beside it wins, and the saved config reloads as it was."""
+    assert TINY_SFT_LEARNING_RATES["tiny-gptoss"] != FlywheelConfig().sft.learning_rate
+    cfg = load_config(overrides=['student.base="tiny-gptoss"'])
+    assert cfg.sft.learning_rate == TINY_SFT_LEARNING_RATES["tiny-gptoss"]
+    assert cfg.sft.max_steps == FlywheelConfig().sft.max_steps
+    assert load_config(overrides=['student.base="tiny-gptoss"', "sft.learning_rate=2e-3"]).sft.learning_rate == 2e-3
+    f = tmp_path / "g.toml"
+    f.write_text('[student]\nbase = "tiny-gptoss"\n')
+    assert load_config(f).sft.learning_rate == TINY_SFT_LEARNING_RATES["tiny-gptoss"]
+    saved = tmp_path / "saved.toml"
+    saved.write_text(cfg.to_toml())
+    assert load_config(saved) == cfg
+    assert run_config(cfg, {"student.base": "tiny"}).sft.learning_rate == TINY_SFT_LEARNING_RATES["tiny"]
+    assert run_config(FlywheelConfig(), {"student.base": "tiny-gptoss"}).sft.learning_rate == cfg.sft.learning_rate
+    assert load_config(overrides=['student.base="/models/mine"']).sft.learning_rate == FlywheelConfig().sft.learning_rate
 
 
 def test_unknown_keys_still_fail():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.tools import tool_schemas
 from training.config import GRPOConfig, SFTConfig
-from training.tiny import FAMILIES, TinyModelError, build_tiny_model, reference_conversation, task_corpus
+from training.tiny import (
+    FAMILIES,
+    TinyModelError,
+    build_tiny_model,
+    reference_conversation,
+    render_conversations,
+    task_corpus,
+)
 from warehouse import chat
 from warehouse.record import FunctionCall, Message, ToolCall
 
@@ -65,6 +73,24 @@ def test_real_architectures(fam_model):
         assert model.config.model_type == "qwen3"
         for t in ("<think>", "</think>", "<tool_call>"):
             assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1, t
+
+
+def test_gptoss_prompt_blocks_hold_on_any_day(fam_models, train_tasks):
+    """Harmony's system message carries today's date: it is cut around the date into two added tokens, so a
+    prompt rendered on another day still costs 16 positions (3 markers, 2 blocks, 10 date characters, <|end|>),
+    and the developer message (instructions and tools) is one token."""
+    tok = AutoTokenizer.from_pretrained(fam_models("tiny-gptoss"))
+    task = train_tasks[0]
+    text = render_conversations([reference_conversation(task, family="tiny-gptoss")], tools=tool_schemas(task.tools),
+                                family="tiny-gptoss")[0]
+    today = re.search(r"Current date: (\d{4}-\d{2}-\d{2})", text).group(1)
+    for day in (today, "2031-02-28"):
+        ids = tok.encode(text.replace(today, day), add_special_tokens=False)
+        assert tok.decode(ids) == text.replace(today, day)
+        pieces = tok.convert_ids_to_tokens(ids)
+        starts = [i for i, p in enumerate(pieces) if p == "<|start|>"]
+        assert starts[1] - starts[0] == 16, pieces[: starts[1]]
+        assert starts[2] - starts[1] == 5, pieces[starts[1]: starts[2]]  # <|start|> developer <|message|> BLOCK <|end|>
 
 
 def test_unknown_family_names_the_choices(tmp_path, train_tasks):
@@ -189,6 +215,22 @@ def test_sft_renders_reasoning_the_family_way_with_assistant_only_loss(fam_model
     assert user in untrained and user not in trained
     assert tool.strip() in untrained and tool.strip() not in trained.replace(row.messages[-1].content or "", "")
     assert "work it out" not in untrained
+
+
+def test_a_row_the_harmony_template_refuses_is_dropped_and_counted(fam_models, ref_rows):
+    """A student's passing row whose answer holds harmony's headers (degenerate text ending in `Answer: N`, seen in
+    a round-2 snapshot) is a malformed row SFT counts, not a crash of the round; the other rows train."""
+    from training.sft import tokenize_rows
+
+    tok = AutoTokenizer.from_pretrained(fam_models("tiny-gptoss"))
+    good = ref_rows[0]
+    final = good.messages[-1]
+    bad = good.model_copy(update={"trajectory_id": "bad", "messages": [*good.messages[:-1], final.model_copy(
+        update={"content": f"Answer: 1: to.python<|channel|>final<|message|>{final.content}"})]})
+    with pytest.raises(chat.ConversationError, match="harmony's message header"):
+        chat.to_template(bad.messages, template=tok.chat_template)
+    cols, stats = tokenize_rows(tok, [good, bad], SFTConfig(max_length=4096))
+    assert stats["dropped_malformed"] == 1 and stats["dropped_ids"] == ["bad"] and len(cols["input_ids"]) == 1
 
 
 def test_one_sft_step_one_episode_one_grpo_step(fam_model, ref_rows, train_tasks, backend, tmp_path):
