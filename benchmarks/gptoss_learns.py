@@ -66,6 +66,10 @@ def base_student(work: Path, name: str, train: list, *, aux: float | None, exper
     return path
 
 
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/flywheel-gptoss-learns.json")
@@ -115,10 +119,6 @@ def main() -> None:
                                       sampling=None)
             score = next(s.value for s in scored.greedy.scores if s.suite == "arithmetic-d1")
             losses = sft.losses
-
-            def mean(xs: list[float]) -> float:
-                return sum(xs) / len(xs) if xs else float("nan")
-
             results.append({"variant": name, "family": family, "learning_rate": lr, "experts": experts,
                             "experts_per_token": top_k, "router_aux_loss_coef": aux,
                             "loss_100": mean(losses[90:100]), "loss_400": mean(losses[390:400]),
@@ -128,7 +128,7 @@ def main() -> None:
     head = ("variant", "lr", "experts", "aux", "loss@100", "loss@400", "loss end", "held-out", "SFT s")
     print("  ".join(f"{h:>15}" if i == 0 else f"{h:>9}" for i, h in enumerate(head)))
     for r in results:
-        cells = [r["variant"], f"{r['learning_rate']:g}", f"{r['experts']}/top{r['experts_per_token']}",
+        cells = [r["variant"], f"{r['learning_rate']:g}", f"{r['experts']}/top{r['experts_per_token']}" if r["family"] == "tiny-gptoss" else "dense",
                  "-" if r["router_aux_loss_coef"] is None else f"{r['router_aux_loss_coef']:g}",
                  f"{r['loss_100']:.3f}", f"{r['loss_400']:.3f}", f"{r['loss_end']:.3f}", f"{r['heldout_pass1']:.2f}",
                  f"{r['sft_wall_s']:.0f}"]
