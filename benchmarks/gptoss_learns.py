@@ -128,7 +128,8 @@ def main() -> None:
     head = ("variant", "lr", "experts", "aux", "loss@100", "loss@400", "loss end", "held-out", "SFT s")
     print("  ".join(f"{h:>15}" if i == 0 else f"{h:>9}" for i, h in enumerate(head)))
     for r in results:
-        cells = [r["variant"], f"{r['learning_rate']:g}", f"{r['experts']}/top{r['experts_per_token']}" if r["family"] == "tiny-gptoss" else "dense",
+        moe = f"{r['experts']}/top{r['experts_per_token']}" if r["family"] == "tiny-gptoss" else "dense"
+        cells = [r["variant"], f"{r['learning_rate']:g}", moe,
                  "-" if r["router_aux_loss_coef"] is None else f"{r['router_aux_loss_coef']:g}",
                  f"{r['loss_100']:.3f}", f"{r['loss_400']:.3f}", f"{r['loss_end']:.3f}", f"{r['heldout_pass1']:.2f}",
                  f"{r['sft_wall_s']:.0f}"]

@@ -315,9 +315,9 @@ class FlywheelConfig(BaseModel):
                                        "weight decay 0.1 or less, or without the warm-up, some data orders stalled "
                                        "at 54-74% (the student added the numbers in its head instead of copying "
                                        "the tool's output). Batch 8 scores as batch 16 did on round 1 in half the "
-                                       "time (README, 'What `make run` does'). A config that picks a tiny family and sets no "
-                                       "sft.learning_rate gets the family's rate (training.config."
-                                       "TINY_SFT_LEARNING_RATES: tiny-gptoss 1e-3).")
+                                       "time (README, 'What `make run` does'). A config that picks a tiny "
+                                       "family and sets no sft.learning_rate gets the family's rate "
+                                       "(training.config.TINY_SFT_LEARNING_RATES: tiny-gptoss 1e-3).")
     grpo: GRPOConfig = Field(default_factory=lambda: GRPOConfig(max_steps=16, num_generations=8, prompts_per_step=4,
                                                                       learning_rate=1e-4),
                              description="GRPO (TRL GRPOTrainer) in our sandboxes; on the CPU default the measured "

@@ -45,7 +45,8 @@ def test_a_tiny_family_brings_its_sft_rate_unless_the_rate_is_set(tmp_path):
     assert load_config(saved) == cfg
     assert run_config(cfg, {"student.base": "tiny"}).sft.learning_rate == TINY_SFT_LEARNING_RATES["tiny"]
     assert run_config(FlywheelConfig(), {"student.base": "tiny-gptoss"}).sft.learning_rate == cfg.sft.learning_rate
-    assert load_config(overrides=['student.base="/models/mine"']).sft.learning_rate == FlywheelConfig().sft.learning_rate
+    hub = load_config(overrides=['student.base="/models/mine"'])  # not a tiny family: the default rate
+    assert hub.sft.learning_rate == FlywheelConfig().sft.learning_rate
 
 
 def test_unknown_keys_still_fail():
