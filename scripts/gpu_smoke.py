@@ -63,23 +63,16 @@ def gpu_missing() -> str | None:
     return None
 
 
-def rollout_stats(rows: list, wall_s: float) -> dict[str, Any]:
-    verdicts: dict[str, int] = {}
-    for r in rows:
-        verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
-    return {"episodes": len(rows), "verdicts": verdicts, "eps/s": round(len(rows) / wall_s, 2) if wall_s else None,
-            "ids": sum(1 for r in rows if r.completion_token_ids and any(r.completion_token_ids)),
-            "logprobs": sum(1 for r in rows if r.completion_logprobs and any(r.completion_logprobs))}
-
-
-def run_rollout(tasks: list, policy: Any, backend: Any) -> tuple[list, float]:
+def run_rollout(tasks: list, policy: Any, backend: Any) -> tuple[list, dict[str, Any]]:
+    """The rows of 2 samples per task, and the table cells of the rollout's own summary."""
     from agents.rollout import rollout
 
     rows: list = []
-    t0 = time.perf_counter()
-    asyncio.run(rollout(tasks, policy, backend, run_id="gpu-smoke", samples=2, concurrency=16, progress=False,
-                        max_turns=3, infra_retries=1, retry_backoff_s=0.1, on_rows=rows.extend))
-    return rows, time.perf_counter() - t0
+    s = asyncio.run(rollout(tasks, policy, backend, run_id="gpu-smoke", samples=2, concurrency=16, progress=False,
+                            max_turns=3, infra_retries=1, retry_backoff_s=0.1, on_rows=rows.extend))
+    return rows, {"episodes": s.episodes, "verdicts": s.verdicts, "eps/s": round(s.episodes_per_s, 2),
+                  "ids": sum(1 for r in rows if r.completion_token_ids and any(r.completion_token_ids)),
+                  "logprobs": sum(1 for r in rows if r.completion_logprobs and any(r.completion_logprobs))}
 
 
 def vllm_and_panel(model: str, tasks: list, backend: Any) -> list[dict[str, Any]]:
@@ -93,11 +86,11 @@ def vllm_and_panel(model: str, tasks: list, backend: Any) -> list[dict[str, Any]
 
     pol = VLLMPolicy(model=model, name="vllm-offline", temperature=1.0, max_tokens=64, logprobs=True,
                      gpu_memory_utilization=0.3, max_model_len=1024, engine_kwargs={"dtype": "bfloat16"})
-    rows, wall = run_rollout(tasks, pol, backend)
+    rows, cells = run_rollout(tasks, pol, backend)
     del pol
     gc.collect()
     torch.cuda.empty_cache()
-    out = [{"step": "vLLM offline", "model": model, "status": "ok", **rollout_stats(rows, wall)}]
+    out = [{"step": "vLLM offline", "model": model, "status": "ok", **cells}]
     tok = AutoTokenizer.from_pretrained(model)
     seqs, vllm_lp, _ = row_sequences(rows, tok)
     trainer = use_attention(AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16), "eager")
@@ -118,9 +111,9 @@ def served(model: str, tasks: list, backend: Any) -> list[dict[str, Any]]:
 
     with VLLMServer(model, port=int(os.environ.get("VLLM_PORT", "8011")), served_name="tiny",
                     extra=["--gpu-memory-utilization", "0.3", "--max-model-len", "1024"]) as srv:
-        rows, wall = run_rollout(tasks, server_policy(srv.base_url, "tiny", name="vllm-serve", temperature=0.0,
-                                                      max_tokens=64, timeout_s=60), backend)
-    return [{"step": "vllm serve + OpenAI", "model": model, "status": "ok", **rollout_stats(rows, wall)}]
+        _, cells = run_rollout(tasks, server_policy(srv.base_url, "tiny", name="vllm-serve", temperature=0.0,
+                                                    max_tokens=64, timeout_s=60), backend)
+    return [{"step": "vllm serve + OpenAI", "model": model, "status": "ok", **cells}]
 
 
 def grpo_step(model: str, tasks: list, backend: Any, work: Path) -> list[dict[str, Any]]:
