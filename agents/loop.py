@@ -11,7 +11,8 @@ functions (Task.tool_specs), each call run in the episode's sandbox by tasks/bfc
 
 The sandbox is acquired lazily, at the first tool call, and closed when the episode ends: an episode that waits on
 a rate-limited endpoint or answers without tools holds no container. A Harbor task's sandbox is a container of the
-task's own image (tasks/harbor.py), kept open until its verifier has copied the agent's final state out.
+task's own image (tasks/harbor.py), kept open until its verifier has copied the agent's final state out; an OpenEnv
+task's (tasks/openenv.py) is a session of the environment, whose own reward the verifier reads.
 
 Every outcome is a row (never an exception, except cancellation):
 - verifier verdict (pass / fail / hack) when the policy gave a final answer;
@@ -160,6 +161,10 @@ def _acquire(task: Task, backend: Backend) -> Sandbox:
         from tasks.bfcl import acquire as acquire_bfcl
 
         return acquire_bfcl(task, backend)
+    if task.verifier.kind == "openenv":
+        from tasks.openenv import acquire as acquire_env
+
+        return acquire_env(task, backend)
     return backend.acquire()
 
 
@@ -169,6 +174,10 @@ def _run_tool(task: Task, sandbox: Sandbox, name: str, args: dict[str, Any], tim
         from tasks.bfcl import run_call
 
         return run_call(sandbox, name, args, timeout_s=timeout_s)
+    if task.verifier.kind == "openenv":
+        from tasks.openenv import run_step
+
+        return run_step(sandbox, args)
     return run_tool(sandbox, name, args, timeout_s=timeout_s)
 
 
@@ -313,7 +322,7 @@ async def run_episode(
                 if _needs_workspace(task):
                     workspace = await _in_thread(executor, _snapshot, task, ep.sandbox)
                 extra = verify_kwargs
-                if task.verifier.kind == "harbor":  # its verifier copies the agent's state out of the open container
+                if task.verifier.kind in ("harbor", "openenv"):  # judged from the open container / env session
                     extra = {**(verify_kwargs or {}), "agent_sandbox": ep.sandbox}
                 outcome = await _in_thread(executor, _verify, task, messages, backend, workspace, extra)
                 verdict = outcome.verdict

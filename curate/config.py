@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.config import PolicyConfig
 
-SourceName = Literal["teacher", "student", "human", "reference"]
+SourceName = Literal["teacher", "student", "human", "reference", "env"]
 
 
 class FilterConfig(BaseModel):
@@ -67,7 +67,7 @@ class DedupConfig(BaseModel):
         description="Include system messages in near-duplicate shingles. Off: the shared tool instructions would "
                     "make every pair of rows look alike.")
     prefer: list[SourceName] = Field(
-        default_factory=lambda: ["human", "teacher", "student", "reference"],
+        default_factory=lambda: ["human", "teacher", "student", "reference", "env"],
         description="Which copy of a duplicate group survives: earlier sources in this list first, then the "
                     "earlier round, the lower sample index, the smaller trajectory id.")
 
@@ -107,7 +107,8 @@ class MixConfig(BaseModel):
     source_weights: dict[str, float] = Field(
         default_factory=lambda: {"teacher": 1.0, "human": 2.0, "student": 0.5, "reference": 1.0},
         description="Per-example training weight by source, written into the manifest's weight column. A source "
-                    "missing here has weight 0 and is left out of the snapshot.")
+                    "missing here has weight 0 and is left out of the snapshot (so is 'env', the episodes clients "
+                    "played through `flywheel env serve`, until given a weight).")
     source_ratios: dict[str, float] | None = Field(
         default=None,
         description="Target share of the snapshot per source (normalised to sum 1), e.g. {'teacher': 0.7, "

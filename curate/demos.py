@@ -21,7 +21,10 @@ Validation (curate.filters.conversation_problems) names the record: file, line (
 (Parquet/datasets, 0-based), and the field. Tool calls without ids answered by tool messages without
 tool_call_id are paired in order and given ids; a half-labelled pairing is an error.
 Rows get source "human" and deterministic ids (hash of run, round and normalised content), so importing the same
-file again writes nothing. This module does not curate or mix.
+file again writes nothing. OpenEnv rollouts (JSONL of RFC 012 training-contract records, format "openenv";
+warehouse/training_contract.py) import the same way with source "env", policy `openenv:<their policy>`, their
+engine token ids and logprobs, and the environment's reward as the verdict's source (pass when it is > 0,
+verifier strength 'env'), forensics on top. This module does not curate or mix.
 """
 
 from __future__ import annotations
@@ -107,9 +110,11 @@ def _atif_record(path: str) -> tuple[str, Any]:
 def read_records(path: str, format: str = "auto") -> list[tuple[str, Any]]:
     """(where, record) pairs of one input; raises DemoImportError when the input cannot be read at all.
 
-    format "atif": an ATIF file, or a folder of them (*.json); "auto" also reads a .json file as ATIF."""
-    if format not in ("auto", "atif"):
-        raise DemoImportError(f"unknown demo format {format!r}; choose auto or atif")
+    format "atif": an ATIF file, or a folder of them (*.json); "auto" also reads a .json file as ATIF. format
+    "openenv": JSONL of OpenEnv training-contract records (RFC 012, warehouse/training_contract.py); "auto" also
+    reads such a record on a JSONL line as one."""
+    if format not in ("auto", "atif", "openenv"):
+        raise DemoImportError(f"unknown demo format {format!r}; choose auto, atif or openenv")
     if format == "atif" or (path.endswith(".json") and os.path.isfile(path)):
         if os.path.isdir(path):
             files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
@@ -149,11 +154,24 @@ def read_records(path: str, format: str = "auto") -> list[tuple[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    out.append((f"line {n}", json.loads(line)))
+                    out.append((f"line {n}", _contract_record(json.loads(line), format)))
                 except json.JSONDecodeError as e:
                     out.append((f"line {n}", _Unparsable(f"is not valid JSON ({e.msg} at column {e.colno})")))
         return out
     raise DemoImportError(f"{path}: unknown demo format; use a .jsonl or .parquet file or a datasets folder")
+
+
+def _contract_record(obj: Any, format: str) -> Any:
+    """A JSONL line's object; an OpenEnv training-contract record as the demo record it holds."""
+    from warehouse.training_contract import is_contract, record_to_demo
+
+    if not is_contract(obj):
+        return _Unparsable("is not an OpenEnv training-contract record (schema_version 1 with trace_entries)") \
+            if format == "openenv" else obj
+    try:
+        return record_to_demo(obj)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        return _Unparsable(f"is a training-contract record this reader cannot map ({type(e).__name__}: {e})")
 
 
 @dataclass(frozen=True)
@@ -296,12 +314,21 @@ def record_to_row(
     details: dict[str, Any] = {"origin": f"{file} {where}"}
     if "missing_evidence" in rec:  # ATIF: what the file does not carry (token ids, logprobs, tool timings)
         details["missing_evidence"] = rec["missing_evidence"]
+    contract = rec.get("contract")  # an OpenEnv rollout (warehouse/training_contract.py)
     strength: str | None = None
     if expected is not None:
         outcome = verify(task, messages)
         verdict, verifier, flags, strength = outcome.verdict, outcome.verifier, outcome.hack_flags, \
             outcome.verifier_strength
         details.update(outcome.details, verified=True, expected=str(expected), got=answer)
+    elif contract is not None:  # judged by the environment's reward, as an `openenv:` suite's rows are, + forensics
+        findings = inspect_episode(task, messages)
+        flags = hack_flags(findings)
+        env_reward = float(contract.get("reward") or 0.0)
+        verdict = "hack" if flags else ("pass" if env_reward > 0 else "fail")
+        verifier, strength = "openenv", "env"
+        details.update(verified=True, env_reward=env_reward, forensics=[f.model_dump() for f in findings],
+                       session_id=contract.get("session_id"))
     else:
         findings = inspect_episode(task, messages)
         flags = hack_flags(findings)
@@ -309,12 +336,17 @@ def record_to_row(
         details.update(verified=False, forensics=[f.model_dump() for f in findings],
                        note="human demonstration accepted as correct without a machine check")
     tools_json = json.dumps(tools)  # as given: key order is part of the prompt a model is trained on
-    key = json.dumps(["human", run_id, round, normalised(messages), json.dumps(tools, sort_keys=True)],
+    source = "env" if contract is not None else "human"
+    key = json.dumps([source, run_id, round, normalised(messages), json.dumps(tools, sort_keys=True)],
                      separators=(",", ":"))
     author = rec.get("author")
+    policy = f"human:{author}" if author else "human"
+    if contract is not None:
+        given = str(contract.get("policy") or contract.get("harness") or "import")
+        policy = given if given.startswith("openenv:") else f"openenv:{given}"
     row = Trajectory(
         trajectory_id=hashlib.sha256(key.encode()).hexdigest()[:32],
-        run_id=run_id, round=round, source="human", policy=f"human:{author}" if author else "human",
+        run_id=run_id, round=round, source=source, policy=policy,
         task_id=str(task_id), suite=row_suite, split=split,
         task_version=str(rec.get("task_version") or "human"), difficulty=difficulty,
         verifier=verifier, verifier_version=HUMAN_VERIFIER_VERSION, verifier_strength=strength,
@@ -323,6 +355,9 @@ def record_to_row(
         verifier_details_json=json.dumps(details, sort_keys=True),
         turns=sum(1 for m in messages if m.role == "assistant"),
         n_tool_calls=sum(len(m.tool_calls or []) for m in messages),
+        completion_token_ids=contract["completion_token_ids"] if contract else None,
+        completion_logprobs=contract["logprobs"] if contract else None,
+        prompt_token_ids=contract["prompt_token_ids"] if contract else None,
     )
     return row, []
 

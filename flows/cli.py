@@ -5,7 +5,7 @@ Every command has --help. Known bad input (config, suite, task file, endpoint, s
 Heavy imports happen inside commands so that `--help` stays fast. The commands live in modules by group, thin
 typer wiring over the flows and the plain stage functions: flows/cli_stages.py (generate, run, curate, evaluate,
 train), flows/cli_lake.py (sql, export, stats, view, demos), flows/cli_tasks.py (verify, tasks),
-flows/cli_sandbox.py (sandbox), flows/cli_server.py (server), flows/serve.py (serve, deploy); what they share is
+flows/cli_sandbox.py (sandbox), flows/cli_server.py (server), flows/cli_env.py (env), flows/serve.py (serve, deploy); what they share is
 flows/cli_options.py. This module registers them, in the order `--help` lists them.
 """
 
@@ -16,7 +16,7 @@ import sys
 
 import typer
 
-from flows import cli_lake, cli_sandbox, cli_server, cli_stages, cli_tasks
+from flows import cli_env, cli_lake, cli_sandbox, cli_server, cli_stages, cli_tasks
 from flows.cli_options import UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -26,6 +26,7 @@ app.add_typer(cli_tasks.tasks_app, name="tasks")
 app.add_typer(cli_lake.demos_app, name="demos")
 app.add_typer(cli_stages.train_app, name="train")
 app.add_typer(cli_server.server_app, name="server")
+app.add_typer(cli_env.env_app, name="env")
 for _command in (cli_stages.generate, cli_stages.run, cli_stages.curate, cli_stages.evaluate, cli_lake.sql,
                  cli_lake.export, cli_lake.stats, cli_lake.view, cli_tasks.verify):
     app.command()(_command)
@@ -38,6 +39,7 @@ KNOWN_ERRORS = (
     ("tasks.suites", "SuiteSizeError"),
     ("tasks.loaders", "TaskFileError"), ("tasks.judge.errors", "VerifierUnavailable"), ("warehouse.lakefs", "LakeError"),
     ("tasks.harbor", "HarborTaskError"), ("tasks.bfcl", "BfclError"), ("tasks.humaneval", "HumanEvalMissing"),
+    ("tasks.openenv", "OpenEnvError"), ("agents.env_server", "EnvServerError"),
     ("warehouse.query", "QueryError"), ("warehouse.export", "ExportError"), ("warehouse.stats", "StatsError"),
     ("curate.demos", "DemoImportError"), ("curate.mixing", "SnapshotError"),
     ("flows.concurrency", "ConcurrencyError"), ("flows.artifacts", "ArtifactError"),

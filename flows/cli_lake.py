@@ -44,7 +44,9 @@ def export(
                                                              "(one ATIF v1.8 file per episode), dpo (TRL "
                                                              "prompt/chosen/rejected: a pass paired with a hack or "
                                                              "fail of the same task, round and policy) or kto "
-                                                             "(prompt/completion/label of those pairs).")] = "jsonl",
+                                                             "(prompt/completion/label of those pairs) or openenv "
+                                                             "(OpenEnv's training contract, RFC 012: engine token "
+                                                             "ids, logprobs, loss masks).")] = "jsonl",
     arguments: Annotated[str | None, typer.Option(help="Tool-call arguments: object (what chat templates "
                                                            "expect; jsonl default) or string (the OpenAI wire "
                                                            "form; datasets default).")] = None,
@@ -66,7 +68,7 @@ def export(
     args_as = arguments or ("string" if format == "datasets" else "object")
     filters = {"--where": where, "--verdict": verdict, "--suite": suite, "--split": split, "--source": source,
                "--run-id": run_id}
-    if snapshot is not None and format in ("dpo", "kto"):
+    if snapshot is not None and format in ("dpo", "kto", "openenv"):
         raise UsageError(f"--format {format} pairs episodes of the lake (passes with hacks and failures, which a "
                          "snapshot has filtered out); drop --snapshot and select with --run-id / --where")
     if snapshot is not None:
@@ -130,10 +132,12 @@ def demos_import(
     = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Import the valid records and skip the "
                                                                         "invalid ones (listed).")] = False,
-    format: Annotated[str, typer.Option("--format", help="auto (by file type; a .json file is ATIF) or atif (ATIF "
-                                                        "files, or folders of them).")] = "auto",
+    format: Annotated[str, typer.Option("--format", help="auto (by file type; a .json file is ATIF), atif (ATIF "
+                                                        "files, or folders of them) or openenv (JSONL of OpenEnv "
+                                                        "training-contract records, RFC 012).")] = "auto",
 ) -> None:
-    """Validate and import human demonstrations as rows with source human (idempotent).
+    """Validate and import human demonstrations as rows with source human, or OpenEnv rollouts (--format openenv)
+    with source env and their token ids and logprobs (idempotent); either is judged like every episode.
 
     A file with an invalid record imports nothing: every problem is listed (only the first with --strict) and the
     command exits 2; --allow-partial imports the valid records instead."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything flywheel needs on a fresh Debian/Ubuntu machine, idempotently:
 # system packages (Docker engine, debootstrap, bubblewrap), a running dockerd, a virtualenv in .venv with the CPU
-# build of torch installed first, the project (editable, with dev extras), and the sandbox image.
+# build of torch installed first, the project (editable, with the dev, ray and openenv extras), and the sandbox image.
 # GPU users: install your CUDA build of torch into .venv before running this (it is kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,9 +37,11 @@ if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
   log "installing torch==2.13.0 (CPU build) first"
   .venv/bin/pip install -q --no-compile torch==2.13.0
 fi
-if ! .venv/bin/python -c 'import flows.cli, trl, prefect, duckdb, datasketch, prefect_ray, s3fs, moto.server' >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.flywheel-installed ]; then
+if ! .venv/bin/python -c 'import flows.cli, trl, prefect, duckdb, datasketch, prefect_ray, s3fs, moto.server' >/dev/null 2>&1 \
+   || ! .venv/bin/python -c 'from importlib.metadata import version; assert version("openenv-core") == "0.3.0"' >/dev/null 2>&1 \
+   || [ pyproject.toml -nt .venv/.flywheel-installed ]; then
   log "installing flywheel and its dependencies"
-  .venv/bin/pip install -q --no-compile -e '.[dev,ray]'
+  .venv/bin/pip install -q --no-compile -e '.[dev,ray,openenv]'
   # Bytecode for what the commands import, not for every installed file: pip compiles all of them, one at a time
   # (~70 s of setup on 2 cores); the rest is compiled on first import (`make` lets Python write it).
   log "compiling the bytecode of what flywheel imports"

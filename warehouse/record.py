@@ -27,7 +27,8 @@ VERDICTS: tuple[str, ...] = ("pass", "fail", "hack", "model_error", "timeout", "
 # The model's failures are scored; the infrastructure's are retried and never scored 0.
 SCORED_VERDICTS: tuple[str, ...] = ("pass", "fail", "hack", "model_error", "timeout")
 
-Source = Literal["teacher", "student", "human", "reference"]
+# 'env': an episode a client played through `flywheel env serve` (agents/env_server.py): the policy is the client's.
+Source = Literal["teacher", "student", "human", "reference", "env"]
 # Where the episode was played: a rollout (generate, evaluation, the loop's student rollouts) or inside GRPO training.
 Stage = Literal["rollout", "grpo"]
 

@@ -111,7 +111,8 @@ def verify(task: Task, messages: list[Message], *, backend: Backend | None = Non
 
     `workspace`: the snapshot the loop took with tasks.tools.workspace_snapshot before closing the episode's
     sandbox (code tasks); without it the episode is replayed in a fresh sandbox from `backend`. `agent_sandbox`: the
-    episode's still-open container (Harbor tasks: the verifier copies the agent's final state out of it).
+    episode's still-open container (Harbor tasks: the verifier copies the agent's final state out of it), or its
+    OpenEnv session (tasks/openenv.py: the environment's reward, strength 'env').
     Raises VerifierUnavailable when the verifier needs infrastructure it cannot get (retry: infra_error).
     """
     kind = task.verifier.kind
@@ -142,6 +143,13 @@ def verify(task: Task, messages: list[Message], *, backend: Backend | None = Non
         outcome = Outcome(verdict="pass" if passed else "fail", reward=1.0 if passed else 0.0, success=passed,
                           details=details, verifier="bfcl", verifier_version=BFCL_VERIFIER_VERSION,
                           verifier_strength="bfcl")
+    elif kind == "openenv":  # the environment's own reward (tasks/openenv.py), from the episode's session
+        from tasks.openenv import env_outcome, installed_version
+
+        reward, passed, details = env_outcome(task, agent_sandbox)
+        outcome = Outcome(verdict="pass" if passed else "fail", reward=reward, success=passed, details=details,
+                          verifier="openenv", verifier_version=f"openenv-core-{installed_version()}",
+                          verifier_strength="env")
     else:  # pragma: no cover - the spec's Literal forbids it
         raise VerifierError(f"verifier kind {kind!r} is not implemented")
     findings = inspect_episode(task, messages, workspace=workspace, tests=run)

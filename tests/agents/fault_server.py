@@ -2,7 +2,8 @@
 
 It is a real HTTP/1.1 server (http.server, one thread per connection, keep-alive) that answers
 `POST /v1/chat/completions` and `GET /v1/models`. Its "model" is a scripted agent: for a task prompt it knows
-(`solutions`: prompt -> python code), it makes `tool_turns` python tool calls with that code, then answers
+(`solutions`: prompt -> python code, or {"tool": NAME, "arguments": {...}} for another tool), it makes `tool_turns`
+python tool calls with that code (calls of that tool), then answers
 "Answer: <last tool output>". Without a known prompt it answers "Answer: <direct[prompt]>" directly.
 
 The request's `model` field picks the behaviour, `NAME[:ARG[:ARG]]`; a fault applies to the first N attempts of each
@@ -65,7 +66,7 @@ class _Server(ThreadingHTTPServer):
 class FaultServer:
     """Start with `with FaultServer(solutions=...) as srv:`; `srv.base_url` ends in /v1."""
 
-    def __init__(self, solutions: dict[str, str] | None = None, direct: dict[str, str] | None = None,
+    def __init__(self, solutions: dict[str, Any] | None = None, direct: dict[str, str] | None = None,
                  tool_turns: int = 1, models: list[str] | None = None, tokenizer_dir: str | None = None,
                  reasoning: str | None = None, reasoning_on_calls: bool = True) -> None:
         self.tokenizer = None
@@ -260,6 +261,8 @@ class FaultServer:
             code = self.solutions[prompt]
             arguments = json.dumps({"code": code})
             name = "python"
+            if isinstance(code, dict):  # another tool's call: {"tool": name, "arguments": {...}}
+                name, arguments = code["tool"], json.dumps(code["arguments"])
             if kind == "badjson":
                 arguments = arguments[:-3]
             if kind == "unknowntool":
