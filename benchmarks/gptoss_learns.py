@@ -62,7 +62,8 @@ def base_student(work: Path, name: str, train: list, *, aux: float | None, exper
         conf = AutoConfig.from_pretrained(path)
         conf.router_aux_loss_coef = aux
         conf.save_pretrained(path)
-    warm_up_copying(path, [task.prompt for task in train], steps=t.copy_warmup_steps, seed=t.seed, threads=1)
+    warm_up_copying(path, [task.prompt for task in train], steps=t.copy_warmup_steps,
+                    learning_rate=t.copy_warmup_learning_rate, seed=t.seed, threads=1)
     return path
 
 

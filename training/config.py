@@ -18,6 +18,7 @@ TINY_FAMILIES = ("tiny", "tiny-gptoss", "tiny-qwen3")  # student.base names of t
 # when a config picks the family and leaves sft.learning_rate unset. GPT-OSS's mixture-of-experts student stalls
 # at 5e-3 (it copies no operand; benchmarks/gptoss_learns.py) and learns at 1e-3.
 TINY_SFT_LEARNING_RATES = {"tiny": 5e-3, "tiny-gptoss": 1e-3, "tiny-qwen3": 5e-3}
+COPY_WARMUP_LEARNING_RATE = 1e-3  # TinyModelConfig.copy_warmup_learning_rate's default (training/warmup.py's too)
 
 
 class TinyModelConfig(BaseModel):
@@ -38,6 +39,9 @@ class TinyModelConfig(BaseModel):
                                    "every pretrained model can; it never shows a chat turn or a tool call (the base "
                                    "still scores 0%). 400 steps (~50 s on one core) remove the ~1,000-step loss "
                                    "plateau of SFT; 0 keeps the random weights.")
+    copy_warmup_learning_rate: float = Field(default=COPY_WARMUP_LEARNING_RATE, gt=0, description="Peak learning "
+                                             "rate of the copy warm-up (AdamW; a 30-step linear ramp, then "
+                                             "constant).")
 
 
 class StudentConfig(BaseModel):
