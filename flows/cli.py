@@ -5,8 +5,8 @@ Every command has --help. Known bad input (config, suite, task file, endpoint, s
 Heavy imports happen inside commands so that `--help` stays fast. The commands live in modules by group, thin
 typer wiring over the flows and the plain stage functions: flows/cli_stages.py (generate, run, curate, evaluate,
 train), flows/cli_lake.py (sql, export, stats, view, demos), flows/cli_tasks.py (verify, tasks),
-flows/cli_sandbox.py (sandbox), flows/cli_server.py (server), flows/cli_env.py (env), flows/serve.py (serve, deploy); what they share is
-flows/cli_options.py. This module registers them, in the order `--help` lists them.
+flows/cli_sandbox.py (sandbox), flows/cli_server.py (server), flows/cli_env.py (env), flows/serve.py (serve,
+deploy); what they share is flows/cli_options.py. This module registers them, in the order `--help` lists them.
 """
 
 from __future__ import annotations

@@ -132,6 +132,21 @@ def in_background(argv: list[str], log_path: Path, **popen):
             stop_group(proc)
 
 
+def wait_until_answers(url: str, proc: subprocess.Popen, log_path: Path, deadline_s: float = 180) -> None:
+    """Poll GET url until it answers 200; RuntimeError with the log's tail when proc dies or the deadline passes."""
+    deadline = time.time() + deadline_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"{url} did not answer: {Path(log_path).read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

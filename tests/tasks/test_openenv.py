@@ -15,33 +15,17 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, in_background
+from tests.conftest import free_port, in_background, wait_until_answers
 
 pytestmark = pytest.mark.e2e
 openenv = pytest.importorskip("openenv.core", reason="openenv-core is not installed (pip install -e '.[openenv]')")
 FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
 HERE = Path(__file__).resolve().parent
 N_SERVED = 6
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, deadline_s: float = 180) -> None:
-    deadline = time.time() + deadline_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"the server at {url} did not start: {log.read_text()[-3000:]}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +37,7 @@ def served(tmp_path_factory):
             str(N_SERVED), "--backend", "local", "--run-id", "env-test"]
     with in_background(argv, d / "serve.log", cwd=d) as proc:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, proc, d / "serve.log")
+        wait_until_answers(f"{url}/health", proc, d / "serve.log")
         yield url, str(d / "lake")
 
 
@@ -205,7 +189,7 @@ def guess_env(tmp_path_factory):
     port = free_port()
     with in_background([sys.executable, str(HERE / "openenv_guess_env.py"), str(port)], d / "guess.log") as proc:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, proc, d / "guess.log")
+        wait_until_answers(f"{url}/health", proc, d / "guess.log")
         yield url
 
 
@@ -293,3 +277,28 @@ def test_rows_with_engine_tokens_export_as_rfc012_records_and_import_back(served
         "env", "openenv:test-tokens", "pass", "env")
     for k in ("completion_token_ids", "completion_logprobs", "prompt_token_ids", "n_messages", "task_id", "suite"):
         assert row[k] == orig[k], k
+
+
+def test_a_code_task_served_in_process_is_judged_by_its_hidden_tests(tmp_path):
+    """Another suite through the same bridge (openenv's Environment in process, no HTTP): the code suite's workspace
+    files, its write/run tools in the sandbox and its unit-test verifier, as in a rollout."""
+    from agents.env_server import SuiteServer
+    from sandbox.backend import open_backend
+    from sandbox.result import SandboxConfig
+    from tasks.openenv import suite_environment, wire_types
+    from tasks.suites import load_suite
+
+    action_cls, _ = wire_types()
+    [task] = load_suite("code", 1)
+    with open_backend(SandboxConfig(backend="local"), pool_size=1) as be:
+        server = SuiteServer(tasks=[task], backend=be, root=str(tmp_path / "lake"), run_id="env-code")
+        env = suite_environment(server.session)()
+        first = env.reset(seed=0, policy="ref")
+        assert [t["function"]["name"] for t in first.tools] == list(task.tools)
+        for step in task.reference.steps:
+            obs = env.step(action_cls(tool_calls=[{"name": step.tool, "arguments": step.arguments}]))
+            assert not obs.done and obs.messages[-1]["role"] == "tool"
+        last = env.step(action_cls(content=task.reference.final))
+        env.close()
+    assert (last.done, last.verdict, last.reward) == (True, "pass", 1.0), last
+    assert last.verifier_strength not in (None, "env") and server.written == 1
