@@ -42,12 +42,12 @@ def served(tmp_path_factory):
 
 
 def _rows(root: str, where: str = "TRUE") -> list[dict]:
+    """The lake's rows (in process: the commands under test are the server, generate, export and import)."""
+    from warehouse.query import query
+
     sql = (f"SELECT * EXCLUDE (messages), len(messages) AS n_messages FROM trajectories WHERE {where} "
            "ORDER BY task_id, sample_index")
-    q = subprocess.run([FLYWHEEL, "sql", "--root", root, "--format", "json", sql], capture_output=True, text=True,
-                       check=False, timeout=120)
-    assert q.returncode == 0, q.stderr
-    return json.loads(q.stdout)
+    return query(root, sql).to_pylist()
 
 
 @pytest.fixture(scope="module")
