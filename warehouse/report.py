@@ -309,12 +309,27 @@ PANEL_IDEAL = {"mean_abs_diff": 0.0, "max_abs_diff": 0.0, "token_mult_prob_error
                "clip_fraction": 0.0, "pearson": 1.0}
 
 
+def _plain(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _panel_label(name: str, ys: list[float]) -> Any:
+    """How a figure's values are written: 3 significant digits, or, where they all sit within 1e-3 of a matched
+    value that is not 0 (token_mult_prob_error, iw_max, pearson near 1), that value and the deviation (1+7.2e-09),
+    which 3 digits would write as 1 for every round."""
+    ideal = PANEL_IDEAL.get(name)
+    if not ideal or not ys or max(abs(y - ideal) for y in ys) >= 1e-3 * abs(ideal):
+        return _plain
+    return lambda v, i=ideal: f"{i:g}{v - i:+.2g}" if abs(v - i) > 1e-15 * abs(i) else f"{i:g}"
+
+
 def _plot_panel(rows: list[dict[str, Any]], path: Path) -> dict[str, tuple[float, float]]:
     """The mismatch panel per round: one small plot per figure on its own y axis (they differ by orders of
     magnitude: |Δlogp| near 1e-7 when matched, token_mult_prob_error near 1), the matched value dotted and the
     promotion limit that applied (rounds metrics mm_max:/mm_min:) dashed red. Returns each figure's y limits
     (empty, and no file, for a run without a panel)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     pts = [r for r in rows if r["subject"] == "mismatch"]
     figs = [m for m in PANEL_IDEAL if any(r["metric"] == f"mm:{m}" for r in pts)]
@@ -329,11 +344,16 @@ def _plot_panel(rows: list[dict[str, Any]], path: Path) -> dict[str, tuple[float
         series = sorted((r["round"], r["value"]) for r in pts if r["metric"] == f"mm:{name}")
         xs, ys = [x for x, _ in series], [y for _, y in series]
         ax.plot(xs, ys, "o-", color="tab:blue")
+        label = _panel_label(name, ys)
         for x, y in series:
-            ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+            ax.annotate(label(y), (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+        if label is not _plain:  # ticks as the matched value and a deviation, not matplotlib's "1e-9+1" offset
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos, f=label: f(v)))
         if name in PANEL_IDEAL:
             ax.axhline(PANEL_IDEAL[name], ls=":", color="gray", label=f"matched ({PANEL_IDEAL[name]:g})")
         ax.margins(y=0.18)  # room for the value labels
+        if name in PANEL_IDEAL and max(abs(y - PANEL_IDEAL[name]) for y in ys) < 1e-12:  # float noise: matched
+            ax.set_ylim(PANEL_IDEAL[name] - 0.01, PANEL_IDEAL[name] + 0.01)
         lo, hi = ax.get_ylim()
         for side in ("max", "min"):
             lim = [r["value"] for r in pts if r["metric"] == f"mm_{side}:{name}"]

@@ -73,3 +73,19 @@ def test_gradient_health_per_step_lands_in_the_rounds_table_and_the_report(tmp_p
     assert table[1]["grad_norm_max"] == 40.0 and table[1]["stopped_at_step"] == ""
     assert table[2]["stopped_at_step"] == 3 and table[2]["importance_weight_max"] == 3.0
     assert "GRPO gradient health" in report.markdown and "grad_norm:1" not in report.markdown  # table, not rows
+
+
+def test_a_matched_panel_writes_values_near_1_as_1_plus_their_deviation(tmp_path):
+    """fp32 both sides: token_mult_prob_error and iw_max sit 1e-9 above 1, pearson 1e-12 below; their ticks and
+    labels say so (1+7.2e-09), where 3 significant digits (or matplotlib's offset, "1e-9+1") hid it."""
+    from warehouse.report import _panel_label
+
+    assert _panel_label("token_mult_prob_error", [1.0000000072, 1.0000000012])(1.0000000072) == "1+7.2e-09"
+    assert _panel_label("pearson", [0.9999999999943])(0.9999999999943) == "1-5.7e-12"
+    assert _panel_label("token_mult_prob_error", [1.0000002, 1.25])(1.25) == "1.25"  # a real gap: plain
+    assert _panel_label("mean_abs_diff", [7.2e-9])(7.2e-9) == "7.2e-09"
+    matched = [_m(rd, f"mm:{k}", v) for rd, k, v in ((1, "token_mult_prob_error", 1.0000000072),
+                                                       (2, "token_mult_prob_error", 1.0000000012))]
+    limits = _plot_panel(matched, tmp_path / "panel.png")
+    lo, hi = limits["token_mult_prob_error"]
+    assert lo <= 1.0000000012 and 1.0000000072 <= hi
