@@ -133,7 +133,7 @@ class _Episode:
         self.sandbox: Sandbox | None = None
 
 
-def _needs_workspace(task: Task) -> bool:
+def needs_workspace(task: Task) -> bool:
     """Whether the verifier judges the agent's files (code tasks), so the loop snapshots the workspace."""
     return task.verifier.kind == "unit_tests" or bool(task.files)
 
@@ -150,9 +150,14 @@ def _verify(task: Task, messages: list[Message], backend: Backend, workspace: ta
     return verify(task, messages, backend=backend, workspace=workspace, **(extra or {}))
 
 
-def _acquire(task: Task, backend: Backend) -> Sandbox:
+# verifier kinds that judge from the episode's still-open sandbox (the agent's container, the env session)
+OPEN_SANDBOX_VERIFIERS = ("harbor", "openenv")
+
+
+def acquire_sandbox(task: Task, backend: Backend) -> Sandbox:
     """The episode's sandbox: from `backend`, or for a Harbor task a container of the task's own image, or for a
-    BFCL task one whose workspace holds the task's API classes (tasks/bfcl.py)."""
+    BFCL task one whose workspace holds the task's API classes (tasks/bfcl.py). GRPO's environments
+    (training/environment.py) open theirs here too."""
     if task.verifier.kind == "harbor":
         from tasks.harbor import acquire
 
@@ -168,8 +173,8 @@ def _acquire(task: Task, backend: Backend) -> Sandbox:
     return backend.acquire()
 
 
-def _run_tool(task: Task, sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
-    """A built-in tool (tasks/tools.py), or one of a BFCL task's API functions (tasks/bfcl.py)."""
+def run_task_tool(task: Task, sandbox: Sandbox, name: str, args: dict[str, Any], timeout_s: float | None) -> Any:
+    """A built-in tool (tasks/tools.py), one of a BFCL task's API functions (tasks/bfcl.py), or an OpenEnv step."""
     if task.verifier.kind == "bfcl":
         from tasks.bfcl import run_call
 
@@ -285,7 +290,7 @@ async def run_episode(
                     break
                 if ep.sandbox is None:
                     try:
-                        ep.sandbox = await _in_thread(executor, _acquire, task, backend)
+                        ep.sandbox = await _in_thread(executor, acquire_sandbox, task, backend)
                         if task.files:
                             await _in_thread(executor, task_tools.prepare_workspace, ep.sandbox, dict(task.files))
                     except Exception as e:  # noqa: BLE001
@@ -295,7 +300,7 @@ async def run_episode(
                         break
                 sandbox = ep.sandbox
                 try:
-                    result = await _in_thread(executor, _run_tool, task, sandbox, call.function.name, args,
+                    result = await _in_thread(executor, run_task_tool, task, sandbox, call.function.name, args,
                                               tool_timeout_s)
                 except SandboxError as e:
                     verdict, error_class, error_message = "infra_error", type(e).__name__, str(e)
@@ -319,10 +324,10 @@ async def run_episode(
         if verdict is None:
             try:
                 workspace = None
-                if _needs_workspace(task):
+                if needs_workspace(task):
                     workspace = await _in_thread(executor, _snapshot, task, ep.sandbox)
                 extra = verify_kwargs
-                if task.verifier.kind in ("harbor", "openenv"):  # judged from the open container / env session
+                if task.verifier.kind in OPEN_SANDBOX_VERIFIERS:
                     extra = {**(verify_kwargs or {}), "agent_sandbox": ep.sandbox}
                 outcome = await _in_thread(executor, _verify, task, messages, backend, workspace, extra)
                 verdict = outcome.verdict

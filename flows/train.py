@@ -84,7 +84,10 @@ def stage_sft(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, An
         metric(run_id, round, "sft", "stage", "-", "all", "wall_s", res.total_s),
         metric(run_id, round, "sft", "student", "train", "all", "sft_final_loss",
                res.losses[-1] if res.losses else float("nan")),
-        metric(run_id, round, "sft", "stage", "-", "all", "tokens", res.n_tokens)])
+        metric(run_id, round, "sft", "stage", "-", "all", "tokens", res.n_tokens),
+        # per suite: what SFT kept, cut and dropped (and why), and the episodes' assistant turns it trained
+        *(metric(run_id, round, "sft", "data", "train", suite, f"sft_{name}", n)
+          for suite, counts in sorted(res.per_suite.items()) for name, n in counts.items())])
     return {"checkpoint_id": ck.checkpoint_id, "path": res.checkpoint_path, "wall_s": res.total_s,
             "losses": res.losses[-5:], "examples": res.n_examples}
 

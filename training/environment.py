@@ -7,8 +7,9 @@ calls them when the model emits tool calls. Here:
 - `environment_class(tool_names)` builds a class whose methods are exactly the task's tools, generated from
   tasks.tools.TOOLS so that the schema TRL renders is byte-identical to the one the episode loop (and therefore
   SFT) shows the model; `check_schemas` proves it and raises otherwise.
-- A method runs the call in the episode's sandbox (acquired lazily from the shared backend, as the loop does)
-  through tasks.tools.run_tool and returns tasks.tools.observation: the model sees what it would see in the loop.
+- A method runs the call in the episode's sandbox, acquired lazily as the loop does (agents.loop.acquire_sandbox:
+  from the shared backend, or for a Harbor task a fresh container of the task's own image), through the loop's
+  agents.loop.run_task_tool, and returns tasks.tools.observation: the model sees what it would see in the loop.
 - `use_codec_parser(tokenizer)` makes TRL read every generation with the one conversation codec
   (agents.transformers_policy.completion_text, then warehouse.chat.parse_text in the template's dialect, Hermes or
   GPT-OSS harmony): the calls GRPO runs and the
@@ -17,8 +18,9 @@ calls them when the model emits tool calls. Here:
 - `EpisodeReward` is the reward function: it rebuilds the episode's messages (system + user + completion turns,
   `completion_messages`, through warehouse.chat.from_chat), judges them as the loop does: the first model error
   (`agents.loop.episode_model_error`: an empty turn, a malformed call, an unknown tool, arguments that do not
-  decode) is a `model_error` scoring 0; otherwise tasks.judge.verify.verify (outcome, forensics, reward terms). Then it
-  closes the sandbox. A hack scores 0 whatever else it did; an infrastructure failure scores None (TRL leaves it
+  decode) is a `model_error` scoring 0; otherwise tasks.judge.verify.verify (outcome, forensics, reward terms) with
+  what the loop gives it (the workspace of a code task; the agent's open container for a Harbor task, whose grader
+  runs in a fresh container of the image). Then it closes the sandbox. A hack scores 0 whatever else it did; an infrastructure failure scores None (TRL leaves it
   out) and is counted, never 0.
   With `strengths` set (GRPOConfig.reward_strengths), a verdict reached on another path (an `isolated` test run
   when only `data` is trusted) scores None too, counted as `weak_verdict`. It keeps the batch's episodes
@@ -36,11 +38,18 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agents.loop import episode_model_error, episode_row
+from agents.loop import (
+    OPEN_SANDBOX_VERIFIERS,
+    acquire_sandbox,
+    episode_model_error,
+    episode_row,
+    needs_workspace,
+    run_task_tool,
+)
 from agents.transformers_policy import completion_text
 from sandbox.result import Backend, Sandbox, SandboxError
 from tasks.spec import Task
-from tasks.tools import observation, run_tool, tool_schemas
+from tasks.tools import observation, tool_schemas
 from warehouse import chat
 from warehouse.record import Message, Trajectory
 
@@ -79,13 +88,12 @@ class SandboxEnvironment:
             raise EnvironmentError_("environment has no sandbox backend; build it with environment_class(...)")
         try:
             if self.sandbox is None:
-                self.sandbox = self.backend.acquire()
-                files = dict(self.task.files) if self.task is not None else {}
-                if files:
+                self.sandbox = acquire_sandbox(self.task, self.backend)
+                if self.task.files:
                     from tasks.tools import prepare_workspace
 
-                    prepare_workspace(self.sandbox, files)
-            result = run_tool(self.sandbox, name, args, timeout_s=self.tool_timeout_s)
+                    prepare_workspace(self.sandbox, dict(self.task.files))
+            result = run_task_tool(self.task, self.sandbox, name, args, self.tool_timeout_s)
         except SandboxError as e:
             self.infra_error = f"{type(e).__name__}: {e}"
             raise
@@ -148,7 +156,7 @@ def _tool_methods(schemas: list[dict[str, Any]]) -> dict[str, Any]:
 
 def environment_class(tool_names: list[str], backend: Backend, *, tool_timeout_s: float | None = None) -> type:
     """A SandboxEnvironment subclass whose public methods are exactly `tool_names` (tasks.tools schemas)."""
-    methods: dict[str, Any] = {"backend": backend, "tool_timeout_s": tool_timeout_s,
+    methods: dict[str, Any] = {"backend": backend, "tool_timeout_s": tool_timeout_s, "tool_order": tuple(tool_names),
                                **_tool_methods(tool_schemas(tool_names))}
     cls = type("SandboxEnvironment_" + "_".join(tool_names), (SandboxEnvironment,), methods)
     check_schemas(cls, tool_names)
@@ -266,6 +274,27 @@ def check_schemas(cls: type, tool_names: list[str]) -> None:
             raise EnvironmentError_(f"tool {name!r}: TRL would show the model {json.dumps(got)} but the episode loop "
                                     f"shows {json.dumps(schema)}; the GRPO prompt would differ from SFT's. Fix the "
                                     f"schema in tasks/tools.py to one a docstring can express.")
+
+
+def align_tool_order(trainer: Any) -> None:
+    """Show GRPO's model each environment's tools in the task's order, as the loop and SFT show them.
+
+    TRL (1.16) lists an environment's tools with inspect.getmembers, alphabetically: for a task with several tools
+    (Harbor's shell, read_file, write_file; the code suite's four) its prompt would list them in another order than
+    the one SFT trained on, and the student would see a prompt it never saw. This puts TRL's per-environment tool
+    lists (and, with one environment, the list it renders) in the order of the class's `tool_order`, and raises
+    EnvironmentError_ when TRL's lists do not hold exactly those tools."""
+    for name, pool in trainer._environment_pool.items():
+        order = getattr(type(pool[0]), "tool_order", None)
+        if order is None:
+            continue
+        got = {m.__name__: m for m in trainer._env_tools[name]}
+        if sorted(got) != sorted(order):
+            raise EnvironmentError_(f"TRL exposes tools {sorted(got)} for environment {name!r}, the task has "
+                                    f"{list(order)}")
+        trainer._env_tools[name] = [got[n] for n in order]
+    if len(trainer._env_tools) == 1:
+        trainer.tools = list(next(iter(trainer._env_tools.values())))
 
 
 def trl_turn(message: Message) -> dict[str, Any]:
@@ -400,8 +429,10 @@ class EpisodeReward:
                                  error_message=str(err))
         try:
             kwargs: dict[str, Any] = {"backend": self.backend}
-            if task.verifier.kind == "unit_tests":
+            if needs_workspace(task):
                 kwargs["workspace"] = env._workspace()
+            if task.verifier.kind in OPEN_SANDBOX_VERIFIERS:  # a Harbor task: graded from the agent's container
+                kwargs["agent_sandbox"] = env.sandbox
             if self.rewards is not None:
                 kwargs["rewards"] = self.rewards
             outcome = verify(task, msgs, **kwargs)
@@ -440,7 +471,7 @@ def grpo_rows(episodes: list[ScoredEpisode], advantages: list[float], *, step: i
         raise ValueError(f"{len(episodes)} scored episodes but {len(advantages)} advantages in GRPO step {step}")
     return [
         episode_row(
-            ep.task, ep.messages, tool_schemas(list(ep.task.tools)), run_id=run_id, round=round, sample_index=i,
+            ep.task, ep.messages, tool_schemas(list(ep.task.tools), ep.task.tool_specs), run_id=run_id, round=round, sample_index=i,
             source="student", policy=policy, sampling=sampling, verdict=ep.verdict, outcome=ep.outcome,
             reward=ep.reward if ep.reward is not None else (0.0 if ep.verdict == "hack" else None),
             error_class=ep.error_class,

@@ -150,6 +150,11 @@ def task_rows(tasks: list[Task]) -> dict[str, list]:
 
     if not tasks:
         raise TrainingError("train_grpo got no tasks; pass the suite's train split")
+    multi = [t.id for t in tasks if t.later_turns or t.tool_specs]
+    if multi:  # TRL's tool loop ends an episode at the first turn without a call, and builds tools from methods
+        raise TrainingError(f"GRPO cannot play {len(multi)} task(s) with later user turns or tools of their own "
+                            f"(BFCL multi-turn), e.g. {', '.join(multi[:3])}: TRL's tool loop ends an episode at "
+                            "the first reply without a call; leave them out of GRPO's tasks (SFT trains on them)")
     prompts, jsons, envs = [], [], []
     for t in tasks:
         prompts.append(chat.to_template(initial_messages(t)))
@@ -174,7 +179,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     from trl import GRPOConfig as TRLGRPOConfig
 
     from training.diagnostics import DiagnosticsCallback, UpdateCheck
-    from training.environment import EpisodeReward, environment_class, use_codec_parser
+    from training.environment import EpisodeReward, align_tool_order, environment_class, use_codec_parser
 
     t0 = time.perf_counter()
     check_gpu_path(cfg)
@@ -224,6 +229,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
         trainer = _trainer_class()(model=model, reward_funcs=[reward_fn], args=args, train_dataset=dataset,
                                    processing_class=tokenizer, environment_factory=factory,
                                    callbacks=[diag] if check is None else [check, diag])
+        align_tool_order(trainer)  # TRL lists tools alphabetically; the prompt must be SFT's
         if check is not None:
             check.score = trainer.completion_logps
             trainer.update_check = check
@@ -241,7 +247,8 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
         wall = time.perf_counter() - t1
         hist = trainer.state.log_history
         losses = [float(h["loss"]) for h in hist if "loss" in h]
-        step_rewards = [float(h["reward"]) for h in hist if "reward" in h]
+        # a step whose every generation was left out of the reward (infra, untrusted strength) logs None
+        step_rewards = [float(h["reward"]) for h in hist if h.get("reward") is not None]
         trainer.save_model(str(out))
         tokenizer.padding_side = "right"
         tokenizer.save_pretrained(str(out))

@@ -47,6 +47,9 @@ class SFTResult(BaseModel):
     n_tokens: int = Field(description="Tokens in the training examples (after truncation).")
     n_loss_tokens: int = Field(description="Tokens that carry loss (assistant tokens).")
     dropped_ids: list[str] = Field(default_factory=list, description="Trajectory ids dropped, for the report.")
+    per_suite: dict[str, dict[str, int]] = Field(default_factory=dict, description=(
+        "Per task suite: examples kept, truncated and dropped (and why), tokens, loss tokens, the kept episodes' "
+        "assistant turns and those trained (training.sft.SUITE_COUNTS)."))
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="Summary of step diagnostics (grad norm, "
                                                                           "entropy, token accuracy, warnings).")
 
@@ -105,51 +108,71 @@ def training_template(tokenizer) -> str | None:
     return tmpl
 
 
+SUITE_COUNTS = ("examples", "truncated", "dropped_truncated", "dropped_malformed", "tokens", "loss_tokens",
+                "assistant_turns", "trained_turns")
+
+
+def loss_spans(labels: list[int]) -> int:
+    """Runs of loss-carrying labels (not -100) in an example: one per assistant turn the template marks, so an
+    episode's trained turns (fewer than its assistant turns when max_length cut some)."""
+    return sum(1 for i, lab in enumerate(labels) if lab != -100 and (i == 0 or labels[i - 1] == -100))
+
+
 def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[dict[str, list], dict[str, Any]]:
     """Tokenize trajectories into input_ids/labels (-100 outside assistant turns), truncated at max_length.
 
-    Returns the columns and counts of what was kept, cut and dropped (with the dropped ids, and the source of each
-    kept example in order).
+    Every assistant turn of a multi-turn episode carries loss; system, user (later turns too) and tool messages do
+    not. Returns the columns and counts of what was kept, cut and dropped (with the dropped ids, the source of each
+    kept example in order, and `per_suite`: SUITE_COUNTS per task suite, where `assistant_turns` counts the kept
+    episodes' assistant turns and `trained_turns` those that kept loss-carrying tokens within max_length).
     """
     template = training_template(tokenizer) if cfg.assistant_only_loss else None
     ids_col: list[list[int]] = []
     labels_col: list[list[int]] = []
-    stats = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0, "loss_tokens": 0,
-             "dropped_ids": [], "kept_sources": []}
+    stats: dict[str, Any] = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0,
+                             "loss_tokens": 0, "dropped_ids": [], "kept_sources": [], "per_suite": {}}
+
+    def drop(row: Trajectory, why: str, suite: dict[str, int]) -> None:
+        stats[why] += 1
+        suite[why] += 1
+        stats["dropped_ids"].append(row.trajectory_id)
+
     for row in rows:
+        suite = stats["per_suite"].setdefault(row.suite, dict.fromkeys(SUITE_COUNTS, 0))
         try:
             msgs, tools = trajectory_conversation(row, template=tokenizer.chat_template)
         except chat.ConversationError:
-            stats["dropped_malformed"] += 1
-            stats["dropped_ids"].append(row.trajectory_id)
+            drop(row, "dropped_malformed", suite)
             continue
         if not any(m["role"] == "assistant" for m in msgs):
-            stats["dropped_malformed"] += 1
-            stats["dropped_ids"].append(row.trajectory_id)
+            drop(row, "dropped_malformed", suite)
             continue
         try:
             ids, mask = render_conversation(tokenizer, msgs, tools, template, mask=cfg.assistant_only_loss)
         except TemplateError:  # the chat template itself refuses the conversation: a bad row, counted
-            stats["dropped_malformed"] += 1
-            stats["dropped_ids"].append(row.trajectory_id)
+            drop(row, "dropped_malformed", suite)
             continue
         labels = [t if b else -100 for t, b in zip(ids, mask)]
-        if len(ids) > cfg.max_length:
+        cut = len(ids) > cfg.max_length
+        if cut:
             ids, labels = ids[: cfg.max_length], labels[: cfg.max_length]
             if all(lab == -100 for lab in labels):
-                stats["dropped_truncated"] += 1
-                stats["dropped_ids"].append(row.trajectory_id)
+                drop(row, "dropped_truncated", suite)
                 continue
-            stats["truncated"] += 1
         if all(lab == -100 for lab in labels):
-            stats["dropped_malformed"] += 1
-            stats["dropped_ids"].append(row.trajectory_id)
+            drop(row, "dropped_malformed", suite)
             continue
+        stats["truncated"] += int(cut)
         ids_col.append(ids)
         labels_col.append(labels)
         stats["kept_sources"].append(row.source)
+        n_loss = sum(1 for lab in labels if lab != -100)
         stats["tokens"] += len(ids)
-        stats["loss_tokens"] += sum(1 for lab in labels if lab != -100)
+        stats["loss_tokens"] += n_loss
+        for key, n in (("examples", 1), ("truncated", int(cut)), ("tokens", len(ids)), ("loss_tokens", n_loss),
+                       ("assistant_turns", sum(1 for m in msgs if m["role"] == "assistant")),
+                       ("trained_turns", loss_spans(labels) if cfg.assistant_only_loss else 0)):
+            suite[key] += n
     return {"input_ids": ids_col, "labels": labels_col}, stats
 
 
@@ -272,7 +295,7 @@ def train_sft(model_path: str | Path, rows: list[Trajectory] | None, out_dir: st
         total_s=time.perf_counter() - t0, n_rows=len(rows), n_examples=len(cols["input_ids"]),
         n_dropped_truncated=stats["dropped_truncated"], n_dropped_malformed=stats["dropped_malformed"],
         n_truncated=stats["truncated"], n_tokens=stats["tokens"], n_loss_tokens=stats["loss_tokens"],
-        dropped_ids=stats["dropped_ids"], diagnostics=diag.summary(),
+        dropped_ids=stats["dropped_ids"], per_suite=stats["per_suite"], diagnostics=diag.summary(),
     )
 
 

@@ -113,17 +113,23 @@ def tiny_family(base: str) -> Family:
 
 def reference_conversation(task: Task, *, family: str = "tiny") -> list[dict[str, Any]]:
     """The task's reference episode as chat messages (warehouse.chat.to_template: arguments as objects, reasoning
-    in the family's field), opening with the same system and user messages the episode loop sends."""
+    in the family's field), opening with the same system and user messages the episode loop sends, with every later
+    user turn of a multi-turn task and the reference's answer to it."""
     from agents.loop import initial_messages
 
     msgs = initial_messages(task)
-    for i, step in enumerate(task.reference.steps):
-        call = ToolCall(id=chat.call_id(len(msgs), 0),
-                        function=FunctionCall(name=step.tool, arguments=chat.encode_arguments(step.arguments)))
-        msgs.append(Message(role="assistant", tool_calls=[call]))
-        # The tool output is not known without running it; the corpus only needs its shape (digits, newline).
-        msgs.append(Message(role="tool", name=step.tool, tool_call_id=call.id, content=task.verifier.answer or ""))
-    msgs.append(Message(role="assistant", content=task.reference.final))
+    turns = [task.reference, *task.reference.later_turns]
+    for k, ref in enumerate(turns):
+        if k:  # a multi-turn task's later user turn (BFCL's), answered by the reference's later turn
+            msgs.append(Message(role="user", content=task.later_turns[k - 1]))
+        for step in ref.steps:
+            call = ToolCall(id=chat.call_id(len(msgs), 0),
+                            function=FunctionCall(name=step.tool, arguments=chat.encode_arguments(step.arguments)))
+            msgs.append(Message(role="assistant", tool_calls=[call]))
+            # The tool output is not known without running it; the corpus only needs its shape (digits, newline).
+            msgs.append(Message(role="tool", name=step.tool, tool_call_id=call.id,
+                                content=task.verifier.answer or ""))
+        msgs.append(Message(role="assistant", content=ref.final))
     return chat.to_template(msgs, template=FAMILIES[family].chat_template)
 
 
@@ -141,7 +147,8 @@ def task_corpus(tasks: list[Task], *, family: str = "tiny") -> list[str]:
     tools."""
     out: list[str] = []
     for t in tasks:
-        out += render_conversations([reference_conversation(t, family=family)], tools=tool_schemas(t.tools),
+        out += render_conversations([reference_conversation(t, family=family)],
+                                    tools=tool_schemas(t.tools, t.tool_specs),
                                     family=family)
     return out
 

@@ -1,0 +1,125 @@
+"""SFT and GRPO on multi-turn episodes of the Harbor and BFCL formats: tiny models, the rows checked.
+
+Harbor (Docker): the reference episode of a shipped task (a shell call, then a closing message) through the real
+loop, in a container of the task's own image, graded by its test.sh in a fresh one; SFT on it; then one GRPO step
+whose generations play the task in containers of its image, are graded the same way and land as rows.
+BFCL: reference episodes of BFCL multi-turn entries (every user turn) as SFT examples: every assistant turn
+carries loss, the later user turns and the tool outputs do not, one SFT step trains on them; GRPO refuses them
+and says why (TRL's tool loop ends an episode at the first reply without a call).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sandbox.result import SandboxConfig
+from tasks.spec import ReferenceSolution, ToolCallStep
+from tests.training.conftest import reference_rows
+from training.config import GRPOConfig, SFTConfig
+from training.sft import TrainingError, loss_spans, tokenize_rows, train_sft
+
+SUITE = Path(__file__).resolve().parents[2] / "data" / "harbor"
+
+
+def _lake_rows(lake: Path) -> list:
+    from warehouse.query import read_trajectories
+
+    return read_trajectories(str(lake), "stage = 'grpo'", [])
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_harbor_sft_then_a_grpo_step_plays_the_task_in_its_image_and_every_generation_is_a_row(tmp_path):
+    from sandbox.backend import open_backend
+    from tasks.harbor import load_harbor
+    from training.grpo import EpisodeLog, train_grpo
+    from training.tiny import build_tiny_model, task_corpus
+
+    task = load_harbor(SUITE / "hello-file", build=True)[0]
+    # a short reference (the shipped oracle copies solution/ in base64: long for a tiny model to learn in a test)
+    task = task.model_copy(update={"reference": ReferenceSolution(
+        steps=[ToolCallStep(tool="shell", arguments={"command": "printf 'Hello, world!\\n' > /app/hello.txt"})],
+        final="Done.")})
+    with open_backend(SandboxConfig(backend="docker", timeout_s=30.0), pool_size=1) as docker:
+        rows = reference_rows([task], docker, run_id="harbor-ref")
+        assert [(r.verdict, r.verifier, r.n_tool_calls) for r in rows] == [("pass", "harbor", 1)]
+        assert rows[0].sandbox_image.startswith("sha256:")  # the task's own image, not the run's sandbox image
+
+        # the corpus twice: its system block (prompt and tool schemas) recurs, so it becomes one token
+        base = build_tiny_model(tmp_path / "base", task_corpus([task]) * 2, hidden=64, layers=2, heads=2,
+                                kv_heads=1, vocab_size=400, seed=0)
+        sft = train_sft(base, rows, tmp_path / "sft", SFTConfig(max_steps=100, batch_size=1, learning_rate=1e-2,
+                                                                max_length=2048), progress=False)
+        # both assistant turns (the call, the closing message) carry loss; the tool's output does not
+        assert sft.per_suite["harbor"]["examples"] == 1
+        assert sft.per_suite["harbor"]["assistant_turns"] == sft.per_suite["harbor"]["trained_turns"] == 2
+        assert sft.losses[-1] < 0.05, sft.losses
+
+        lake = tmp_path / "lake"
+        cfg = GRPOConfig(max_steps=1, num_generations=4, prompts_per_step=1, max_completion_length=64,
+                         max_tool_calling_iterations=2, learning_rate=1e-4, temperature=0.7, seed=3)
+        res = train_grpo(sft.checkpoint_path, [task], tmp_path / "grpo", cfg, backend=docker, progress=False,
+                         episode_log=EpisodeLog(str(lake), "harbor-grpo", 1, policy="grpo-r1"))
+    assert res.steps == 1 and res.episodes == 4 and res.rows_written == 4
+    got = _lake_rows(lake)
+    assert len(got) == 4 and {r.task_id for r in got} == {task.id} and len({r.group_id for r in got}) == 1
+    # the student learnt the call SFT showed it, which it reproduces only if GRPO's prompt lists the tools in the
+    # order SFT's did (TRL lists them alphabetically: training.environment.align_tool_order)
+    assert sum(r.verdict == "pass" for r in got) == res.verdicts["pass"] >= 2, [r.verdict for r in got]
+    for r in got:
+        assert r.source == "student" and r.stage == "grpo"
+        if r.n_tool_calls:  # played in a container of the task's image, graded by test.sh in a fresh one
+            assert r.sandbox_image.startswith("sha256:") and r.verifier == "harbor", r
+            assert json.loads(r.verifier_details_json)["state"]["/app"] == "copied"
+        if r.verdict == "pass":
+            assert r.reward == 1.0 and r.verifier_strength == "harbor"
+    assert res.hacks_with_positive_reward == 0
+
+
+@pytest.mark.slow
+def test_bfcl_episodes_train_every_assistant_turn_and_grpo_says_why_it_cannot_play_them(backend, tmp_path):
+    from tasks.bfcl import BfclMissing, load_bfcl
+    from training.grpo import train_grpo
+    from training.tiny import build_tiny_model, task_corpus
+
+    try:
+        tasks = load_bfcl(2, split="heldout")
+    except BfclMissing as e:
+        pytest.skip(f"bfcl-eval wheel not cached: {e}")
+    rows = reference_rows(tasks, backend, run_id="bfcl-ref")
+    assert all(r.verdict == "pass" for r in rows), [(r.verdict, r.error_message) for r in rows]
+    users = [sum(m.role == "user" for m in r.messages) for r in rows]
+    assert all(n == len(t.later_turns) + 1 > 1 for n, t in zip(users, tasks)), users
+
+    base = build_tiny_model(tmp_path / "base", task_corpus(tasks), hidden=32, layers=2, heads=2, kv_heads=1,
+                            vocab_size=800, seed=0)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(base))
+    cols, stats = tokenize_rows(tok, rows, SFTConfig(max_length=8192))
+    assistant = [sum(m.role == "assistant" for m in r.messages) for r in rows]
+    # one loss span per assistant turn, in every user turn; nothing of the user or tool messages carries loss
+    assert [loss_spans(lab) for lab in cols["labels"]] == assistant
+    for ids, labels, row in zip(cols["input_ids"], cols["labels"], rows):
+        trained = tok.decode([t for t, lab in zip(ids, labels) if lab != -100])
+        for m in row.messages:
+            if m.role in ("user", "tool") and m.content and len(m.content) > 20:
+                assert m.content not in trained
+    counts = stats["per_suite"]["bfcl-multi-turn"]
+    assert counts["examples"] == 2 and counts["trained_turns"] == counts["assistant_turns"] == sum(assistant)
+    # cut at max_length where the episode's last assistant turn starts: kept as truncated, that one turn lost
+    labels = cols["labels"][0]
+    last_start = max(i for i, lab in enumerate(labels) if lab != -100 and labels[i - 1] == -100)
+    _, cut = tokenize_rows(tok, rows[:1], SFTConfig(max_length=last_start))
+    c = cut["per_suite"]["bfcl-multi-turn"]
+    assert (c["examples"], c["truncated"], c["dropped_truncated"]) == (1, 1, 0)
+    assert (c["assistant_turns"], c["trained_turns"]) == (assistant[0], assistant[0] - 1)
+
+    res = train_sft(base, rows, tmp_path / "sft", SFTConfig(max_steps=1, batch_size=2, max_length=8192),
+                    progress=False)
+    assert res.steps == 1 and res.n_examples == 2 and res.per_suite["bfcl-multi-turn"]["trained_turns"] == sum(assistant)
+    with pytest.raises(TrainingError, match="later user turns"):
+        train_grpo(res.checkpoint_path, tasks, tmp_path / "grpo", GRPOConfig(max_steps=1), backend=backend)
