@@ -166,12 +166,13 @@ class GRPOConfig(BaseModel):
     bf16: bool = Field(default=False, description="bfloat16 mixed precision (GPU).")
     sandbox_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit of one tool call.")
     reward_strengths: list[Literal["data", "isolated", "harbor", "bfcl", "llm", "env"]] = Field(
-        default=["data", "isolated", "harbor"], min_length=1,
+        default=["data", "isolated", "harbor", "bfcl"], min_length=1,
         description="Verdict strengths whose reward GRPO uses (the record's verifier_strength): 'data' (computed "
                     "outside the sandbox from plain results or answers), 'isolated' (tests run apart from the "
                     "solution's process), 'harbor' (a Harbor task's test.sh in a fresh container of its image), "
-                    "'bfcl' (BFCL's checker), 'llm' (an LLM judge), 'env' (an OpenEnv environment's own reward). "
-                    "An episode judged another way scores None (TRL leaves it out) and is counted as weak_verdict.")
+                    "'bfcl' (BFCL's checker in a fresh sandbox), 'llm' (an LLM judge), 'env' (an OpenEnv "
+                    "environment's own reward). An episode judged another way scores None (TRL leaves it out) and is "
+                    "counted as weak_verdict.")
     update_check: bool = Field(default=True, description="Measure what each step's update did to the log-"
                                "probability of its own rewarded and unrewarded completions, and warn when it "
                                "lowered the rewarded ones (training/diagnostics.py UpdateCheck); two extra forward "

@@ -70,15 +70,18 @@ class SandboxEnvironment:
 
     def __init__(self) -> None:
         self.task: Task | None = None
+        self.later: list[str] = []
         self.sandbox: Sandbox | None = None
         self.n_tool_calls = 0
         self.infra_error: str | None = None
         self._lock = threading.Lock()
 
     def reset(self, **row: Any) -> None:
-        """Start an episode of the task in row['task_json']; the prompt already holds the user message."""
+        """Start an episode of the task in row['task_json']; the prompt already holds the user message. `later` holds
+        the task's later user turns (BFCL's), which GRPO's trainer delivers after each reply without a call."""
         self._close()
         self.task = Task.model_validate_json(row["task_json"])
+        self.later = list(self.task.later_turns)
         self.n_tool_calls = 0
         self.infra_error = None
 
@@ -154,12 +157,30 @@ def _tool_methods(schemas: list[dict[str, Any]]) -> dict[str, Any]:
     return methods
 
 
-def environment_class(tool_names: list[str], backend: Backend, *, tool_timeout_s: float | None = None) -> type:
-    """A SandboxEnvironment subclass whose public methods are exactly `tool_names` (tasks.tools schemas)."""
-    methods: dict[str, Any] = {"backend": backend, "tool_timeout_s": tool_timeout_s, "tool_order": tuple(tool_names),
-                               **_tool_methods(tool_schemas(tool_names))}
+def _passthrough_method(name: str) -> Any:
+    """A tool method for a task's own tool (Task.tool_specs, BFCL's functions): the call's arguments as they came;
+    the task's schema is what the prompt shows (show_task_schemas) and the loop's check judges the call."""
+
+    def method(self: SandboxEnvironment, **kwargs: Any) -> str:
+        return self._call(name, kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def environment_class(tool_names: list[str], backend: Backend, *, specs: list[dict[str, Any]] | tuple = (),
+                      tool_timeout_s: float | None = None) -> type:
+    """A SandboxEnvironment subclass whose public methods are exactly `tool_names`: the built-in tools' (tasks.tools
+    schemas, typed so TRL derives the same schema) and a task's own tools from `specs` (BFCL's); `schemas` holds
+    the schemas the episode loop shows, in the task's order, which GRPO renders (show_task_schemas)."""
+    schemas = tool_schemas(tool_names, specs)
+    own = {s["function"]["name"] for s in specs}
+    builtin = [n for n in tool_names if n not in own]
+    methods: dict[str, Any] = {"backend": backend, "tool_timeout_s": tool_timeout_s, "schemas": schemas,
+                               **_tool_methods(tool_schemas(builtin)),
+                               **{n: _passthrough_method(n) for n in tool_names if n in own}}
     cls = type("SandboxEnvironment_" + "_".join(tool_names), (SandboxEnvironment,), methods)
-    check_schemas(cls, tool_names)
+    check_schemas(cls, builtin)
     return cls
 
 
@@ -276,25 +297,23 @@ def check_schemas(cls: type, tool_names: list[str]) -> None:
                                     f"schema in tasks/tools.py to one a docstring can express.")
 
 
-def align_tool_order(trainer: Any) -> None:
-    """Show GRPO's model each environment's tools in the task's order, as the loop and SFT show them.
+def show_task_schemas(trainer: Any) -> None:
+    """Make GRPO's prompt show each environment's tools exactly as the episode loop (and so SFT) shows them.
 
-    TRL (1.16) lists an environment's tools with inspect.getmembers, alphabetically: for a task with several tools
-    (Harbor's shell, read_file, write_file; the code suite's four) its prompt would list them in another order than
-    the one SFT trained on, and the student would see a prompt it never saw. This puts TRL's per-environment tool
-    lists (and, with one environment, the list it renders) in the order of the class's `tool_order`, and raises
-    EnvironmentError_ when TRL's lists do not hold exactly those tools."""
+    TRL (1.16) renders an environment's tools from its methods, listed with inspect.getmembers, alphabetically: for
+    a task with several tools (Harbor's shell, read_file, write_file; the code suite's four) the prompt would list
+    them in another order than the one SFT trained on, and a task's own tools (BFCL's) would show whatever schema a
+    method's signature gives. This hands TRL the loop's schemas (the class's `schemas`, in the task's order) to
+    render; TRL still calls the methods, by name. EnvironmentError_ when TRL's methods are not those tools."""
     for name, pool in trainer._environment_pool.items():
-        order = getattr(type(pool[0]), "tool_order", None)
-        if order is None:
+        schemas = getattr(type(pool[0]), "schemas", None)
+        if schemas is None:
             continue
-        got = {m.__name__: m for m in trainer._env_tools[name]}
-        if sorted(got) != sorted(order):
-            raise EnvironmentError_(f"TRL exposes tools {sorted(got)} for environment {name!r}, the task has "
-                                    f"{list(order)}")
-        trainer._env_tools[name] = [got[n] for n in order]
-    if len(trainer._env_tools) == 1:
-        trainer.tools = list(next(iter(trainer._env_tools.values())))
+        methods = sorted(getattr(m, "__name__", None) for m in trainer._env_tools[name])
+        if methods != sorted(s["function"]["name"] for s in schemas):
+            raise EnvironmentError_(f"TRL exposes tools {methods} for environment {name!r}, the task has "
+                                    f"{[s['function']['name'] for s in schemas]}")
+        trainer._env_tools[name] = list(schemas)
 
 
 def trl_turn(message: Message) -> dict[str, Any]:
@@ -421,7 +440,7 @@ class EpisodeReward:
             self.stats["infra"] += 1
             return ScoredEpisode(task, msgs, "infra_error", None, error_class="SandboxInfraError",
                                  error_message=env.infra_error)
-        err = episode_model_error(msgs, list(task.tools))
+        err = episode_model_error(msgs, list(task.tools), task.tool_specs)
         if err is not None:
             self.stats["model_error"] += 1
             self.history.append({"task_id": task.id, "verdict": "model_error", "reward": 0.0, "hack_flags": []})

@@ -96,6 +96,85 @@ def _trainer_class() -> type:
                 self.update_check.before(self.model, batch)
             return batch
 
+        def _tool_call_loop(self, prompts: list, prompt_ids: list, completion_ids: list, completions: list,
+                            logprobs: Any, images: Any, multimodal_fields: Any) -> tuple:
+            """TRL's tool loop, then the later user turns of multi-turn tasks (BFCL's) as the episode loop plays
+            them: when a rollout's reply ended (its end token) without a call and its task has a user turn left, that
+            turn is appended (its tokens out of the loss, as tool results are), the model replies, and TRL's loop
+            runs that reply's calls; everything within max_completion_length tokens of completion. A rollout out
+            of budget ends there, its later turns unanswered (the task's checker sees them so)."""
+            from trl.trainer.grpo_trainer import parse_response
+
+            loop = super()._tool_call_loop
+            tool_mask, completions, completion_ids, logprobs, n_calls, n_failed, tool_images = loop(
+                prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
+            envs = self.environments or []
+            ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+            while True:
+                pending = []
+                for i, env in enumerate(envs):
+                    last = completions[i][-1] if completions[i] else {}
+                    if not getattr(env, "later", None) or last.get("tool_calls") or not completion_ids[i] \
+                            or completion_ids[i][-1] not in ends:
+                        continue
+                    user = {"role": "user", "content": env.later.pop(0)}
+                    suffix = self._user_suffix_ids(user)
+                    if len(completion_ids[i]) + len(suffix) >= self.max_completion_length:
+                        env.later.clear()
+                        continue
+                    completions[i].append(user)
+                    completion_ids[i] = completion_ids[i] + suffix
+                    tool_mask[i] = tool_mask[i] + [0] * len(suffix)
+                    if logprobs is not None:
+                        logprobs[i] = logprobs[i] + [0.0] * len(suffix)
+                    pending.append(i)
+                if not pending:
+                    break
+                new_ids, new_logprobs = self._generate_single_turn(
+                    [prompt_ids[i] + completion_ids[i] for i in pending], None, {}, num_generations=1)
+                replies: list[dict] = [{} for _ in envs]
+                for k, i in enumerate(pending):
+                    room = self.max_completion_length - len(completion_ids[i])
+                    ids = list(new_ids[k][:room])
+                    prefix = prompt_ids[i] + completion_ids[i]
+                    completion_ids[i] = completion_ids[i] + ids
+                    tool_mask[i] = tool_mask[i] + [1] * len(ids)
+                    if logprobs is not None:
+                        logprobs[i] = logprobs[i] + list(new_logprobs[k][:room])
+                    if ids:
+                        replies[i] = parse_response(self._tokenizer, ids, prefix=prefix, tools=None)
+                        completions[i].append(replies[i])
+                if not any(r.get("tool_calls") for r in replies):
+                    continue
+                before = [len(m) for m in tool_mask]
+                views = [[r] for r in replies]  # TRL's loop reads each rollout's calls from its first message
+                mask, views, completion_ids, logprobs, calls, failed, _ = loop(
+                    [list(p) for p in prompts], prompt_ids, completion_ids, views, logprobs, images,
+                    multimodal_fields)
+                for i in range(len(envs)):
+                    tool_mask[i] = tool_mask[i] + mask[i][before[i]:]
+                    completions[i] += views[i][1:]
+                n_calls, n_failed = n_calls + calls, n_failed + failed
+            return tool_mask, completions, completion_ids, logprobs, n_calls, n_failed, tool_images
+
+        def _user_suffix_ids(self, user: dict[str, Any]) -> list[int]:
+            """Token ids of a user message after an assistant turn's end token, with the generation prompt: the
+            template's rendering of [user, assistant, user] minus that of [user, assistant] cut at its last end
+            token (how TRL renders tool results between turns, _get_tool_suffix_ids)."""
+            head = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "dummy"}]
+            kw = {"tokenize": True, "chat_template": self.chat_template, "return_dict": False,
+                  **self.chat_template_kwargs}
+            prefix = list(self.processing_class.apply_chat_template(head, add_generation_prompt=False, **kw))
+            full = list(self.processing_class.apply_chat_template(head + [user], add_generation_prompt=True, **kw))
+            ends = [k for k, t in enumerate(prefix) if t in set(self.eos_token_ids)]
+            if ends:
+                prefix = prefix[: ends[-1] + 1]
+            if full[: len(prefix)] != prefix:
+                raise TrainingError("the chat template does not render a later user turn as a continuation of the "
+                                    "conversation before it (not prefix-preserving); GRPO cannot play multi-turn "
+                                    "tasks with it")
+            return full[len(prefix):]
+
         def completion_logps(self, model: Any, batch: dict[str, Any]) -> Any:
             """Log-probability of each completion, summed over its trained tokens (tool results excluded)."""
             import torch
@@ -150,11 +229,6 @@ def task_rows(tasks: list[Task]) -> dict[str, list]:
 
     if not tasks:
         raise TrainingError("train_grpo got no tasks; pass the suite's train split")
-    multi = [t.id for t in tasks if t.later_turns or t.tool_specs]
-    if multi:  # TRL's tool loop ends an episode at the first turn without a call, and builds tools from methods
-        raise TrainingError(f"GRPO cannot play {len(multi)} task(s) with later user turns or tools of their own "
-                            f"(BFCL multi-turn), e.g. {', '.join(multi[:3])}: TRL's tool loop ends an episode at "
-                            "the first reply without a call; leave them out of GRPO's tasks (SFT trains on them)")
     prompts, jsons, envs = [], [], []
     for t in tasks:
         prompts.append(chat.to_template(initial_messages(t)))
@@ -179,7 +253,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     from trl import GRPOConfig as TRLGRPOConfig
 
     from training.diagnostics import DiagnosticsCallback, UpdateCheck
-    from training.environment import EpisodeReward, align_tool_order, environment_class, use_codec_parser
+    from training.environment import EpisodeReward, environment_class, show_task_schemas, use_codec_parser
 
     t0 = time.perf_counter()
     check_gpu_path(cfg)
@@ -189,7 +263,8 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     cols = task_rows(tasks)
     tool_sets = sorted(set(cols["environment"]))
-    factories = {ts: environment_class(ts.split(","), backend, tool_timeout_s=cfg.sandbox_timeout_s)
+    specs = {",".join(t.tools): t.tool_specs for t in tasks}  # a tool set's own tools' schemas (BFCL's)
+    factories = {ts: environment_class(ts.split(","), backend, specs=specs[ts], tool_timeout_s=cfg.sandbox_timeout_s)
                  for ts in tool_sets}
     if len(factories) == 1:
         factory: Any = next(iter(factories.values()))
@@ -229,7 +304,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
         trainer = _trainer_class()(model=model, reward_funcs=[reward_fn], args=args, train_dataset=dataset,
                                    processing_class=tokenizer, environment_factory=factory,
                                    callbacks=[diag] if check is None else [check, diag])
-        align_tool_order(trainer)  # TRL lists tools alphabetically; the prompt must be SFT's
+        show_task_schemas(trainer)  # the prompt shows the tools as the loop and SFT do
         if check is not None:
             check.score = trainer.completion_logps
             trainer.update_check = check

@@ -5,6 +5,8 @@ hack rate by reason code; the snapshot mix by source; wall time per stage; the p
 round (incumbent, SFT, GRPO and the student that went on, greedy and sampled); in runs with GRPO, SFT vs GRPO per round
 (greedy and sampled held-out pass@1, the SFT-only control) and GRPO's reward and hack rate per step (from its own
 episodes, stage grpo). Tables: held-out pass rate, the SFT-only control and GRPO's steps (runs with GRPO), the
+shape of the episodes per round, stage, source and suite (turns, user turns, tool calls per turn, tokens, the turn
+where the ones that did not pass ended), SFT's data per suite (kept, cut, dropped, assistant turns trained), the
 verifier health of the run's tasks per suite (from `flywheel tasks audit`'s verifier_health rows, when there are
 any), the task factory's funnel and cost per writer (every task_synthesis row of the lake, when there are any: the
 factory is not tied to a run) and the tasks the run's synthesize stage grew from its student's failures (per round
@@ -191,6 +193,57 @@ def _plot_grpo_steps(steps: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def episode_turns(root: str, run_id: str) -> list[dict[str, Any]]:
+    """Per round, stage, source and suite, the shape of the run's episodes (infra errors left out): episodes, mean
+    assistant turns, user turns (above 1 on multi-turn tasks), tool calls per assistant turn, tokens per episode
+    (where the policy reported them), and where the episodes that did not pass ended: how many, and how many at
+    each assistant turn (`fail_at_turn`, e.g. `1:3 2:1`) and user turn (`fail_at_user_turn`)."""
+    return query(root, """
+        WITH e AS (
+            SELECT round::INTEGER AS round, stage, source, suite, verdict, turns, n_tool_calls,
+                   prompt_tokens + completion_tokens AS tokens,
+                   len(list_filter(messages, lambda m: m.role = 'user')) AS user_turns
+            FROM trajectories WHERE run_id = ? AND verdict <> 'infra_error'),
+        f AS (
+            SELECT round, stage, source, suite,
+                   string_agg(turns || ':' || n, ' ' ORDER BY turns) AS fail_at_turn
+            FROM (SELECT round, stage, source, suite, turns, count(*) AS n FROM e WHERE verdict <> 'pass' GROUP BY ALL)
+            GROUP BY ALL),
+        u AS (
+            SELECT round, stage, source, suite,
+                   string_agg(user_turns || ':' || n, ' ' ORDER BY user_turns) AS fail_at_user_turn
+            FROM (SELECT round, stage, source, suite, user_turns, count(*) AS n FROM e WHERE verdict <> 'pass'
+                  GROUP BY ALL)
+            GROUP BY ALL)
+        SELECT round, stage, source, suite, count(*) AS episodes, round(avg(turns), 2) AS turns,
+               round(avg(user_turns), 2) AS user_turns,
+               round(sum(n_tool_calls) / greatest(sum(turns), 1), 2) AS calls_per_turn,
+               round(avg(tokens) FILTER (WHERE tokens > 0), 1) AS tokens,
+               count(*) FILTER (WHERE verdict <> 'pass') AS not_passed,
+               coalesce(any_value(f.fail_at_turn), '') AS fail_at_turn,
+               coalesce(any_value(u.fail_at_user_turn), '') AS fail_at_user_turn
+        FROM e LEFT JOIN f USING (round, stage, source, suite) LEFT JOIN u USING (round, stage, source, suite)
+        GROUP BY ALL ORDER BY ALL""", [run_id]).to_pylist()
+
+
+SFT_DATA = ("examples", "truncated", "dropped_truncated", "dropped_malformed", "assistant_turns", "trained_turns")
+
+
+def sft_data(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per round and suite, what SFT kept, cut and dropped, the episodes' assistant turns and those trained, and its
+    tokens per example (the rounds table's `sft_*` rows, subject 'data', that flows.train.stage_sft writes)."""
+    per: dict[tuple[int, str], dict[str, float]] = {}
+    for r in rows:
+        if r["stage"] == "sft" and r["subject"] == "data" and r["metric"].startswith("sft_"):
+            per.setdefault((r["round"], r["suite"]), {})[r["metric"].removeprefix("sft_")] = r["value"]
+    out = []
+    for (rd, suite), m in sorted(per.items()):
+        row: dict[str, Any] = {"round": rd, "suite": suite, **{k: int(m.get(k, 0)) for k in SFT_DATA}}
+        row["tokens_per_example"] = round(m.get("tokens", 0) / m["examples"], 1) if m.get("examples") else ""
+        out.append(row)
+    return out
 
 
 def health_table(root: str, run_id: str) -> list[dict[str, Any]]:
@@ -494,8 +547,10 @@ def build_report(root: str, run_id: str) -> Report:
         _plot_grpo_steps(steps, folder / "grpo_steps.png")
         plots.append("grpo_steps.png")
     heldout = heldout_table(str(root), run_id)
+    turns = episode_turns(str(root), run_id)
+    data = sft_data(rows)
     other = [r for r in rows if not (r["split"] == "heldout" and r["metric"].startswith(("pass@", "sampled_pass@")))
-             and r["metric"] not in ("episodes", "sampled_episodes") and r["subject"] != "step"]
+             and r["metric"] not in ("episodes", "sampled_episodes") and r["subject"] not in ("step", "data")]
     for r in other:
         r["value"] = round(r["value"], 4)
     md = [f"# flywheel run `{run_id}`\n", "## Held-out pass rate\n", _md_table(heldout)]
@@ -507,6 +562,10 @@ def build_report(root: str, run_id: str) -> Report:
         md += ["## GRPO steps (its own episodes)\n", _md_table(steps)]
     if grad:
         md += ["## GRPO gradient health (per step in the rounds table, subject 'step')\n", _md_table(grad)]
+    if turns:
+        md += ["## Episodes: turns, tool calls, tokens, where they fail\n", _md_table(turns)]
+    if data:
+        md += ["## SFT data per suite (kept, cut, dropped; assistant turns trained)\n", _md_table(data)]
     md += [f"![{n}]({n})\n" for n in plots]
     health = health_table(str(root), run_id)
     if health:
@@ -525,7 +584,9 @@ def build_report(root: str, run_id: str) -> Report:
         f"<h2>{html.escape(t)}</h2>{_html_table(rs)}" for t, rs in (
             ("Held-out pass rate", heldout), ("Promotion against the incumbent", promotion),
             ("SFT-only control (rounds with GRPO)", control),
-            ("GRPO steps (its own episodes)", steps), ("GRPO gradient health", grad)) if rs or t == "Held-out pass rate")
+            ("GRPO steps (its own episodes)", steps), ("GRPO gradient health", grad),
+            ("Episodes: turns, tool calls, tokens, where they fail", turns),
+            ("SFT data per suite", data)) if rs or t == "Held-out pass rate")
     body += "".join(f'<figure><img src="{n}" alt="{n}"></figure>' for n in plots)
     if health:
         body += f"<h2>Verifier health (flywheel tasks audit)</h2>{_html_table(health)}"

@@ -4,8 +4,9 @@ Harbor (Docker): the reference episode of a shipped task (a shell call, then a c
 loop, in a container of the task's own image, graded by its test.sh in a fresh one; SFT on it; then one GRPO step
 whose generations play the task in containers of its image, are graded the same way and land as rows.
 BFCL: reference episodes of BFCL multi-turn entries (every user turn) as SFT examples: every assistant turn
-carries loss, the later user turns and the tool outputs do not, one SFT step trains on them; GRPO refuses them
-and says why (TRL's tool loop ends an episode at the first reply without a call).
+carries loss, the later user turns and the tool outputs do not, and what max_length cuts is counted; then a GRPO
+step whose rollouts get each later user turn after a reply without a call, their calls run against the task's API
+state in its sandbox, BFCL's checker the reward.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sandbox.result import SandboxConfig
 from tasks.spec import ReferenceSolution, ToolCallStep
 from tests.training.conftest import reference_rows
 from training.config import GRPOConfig, SFTConfig
-from training.sft import TrainingError, loss_spans, tokenize_rows, train_sft
+from training.sft import loss_spans, tokenize_rows, train_sft
 
 SUITE = Path(__file__).resolve().parents[2] / "data" / "harbor"
 
@@ -67,7 +68,7 @@ def test_harbor_sft_then_a_grpo_step_plays_the_task_in_its_image_and_every_gener
     got = _lake_rows(lake)
     assert len(got) == 4 and {r.task_id for r in got} == {task.id} and len({r.group_id for r in got}) == 1
     # the student learnt the call SFT showed it, which it reproduces only if GRPO's prompt lists the tools in the
-    # order SFT's did (TRL lists them alphabetically: training.environment.align_tool_order)
+    # order SFT's did (TRL lists them alphabetically: training.environment.show_task_schemas)
     assert sum(r.verdict == "pass" for r in got) == res.verdicts["pass"] >= 2, [r.verdict for r in got]
     for r in got:
         assert r.source == "student" and r.stage == "grpo"
@@ -80,9 +81,11 @@ def test_harbor_sft_then_a_grpo_step_plays_the_task_in_its_image_and_every_gener
 
 
 @pytest.mark.slow
-def test_bfcl_episodes_train_every_assistant_turn_and_grpo_says_why_it_cannot_play_them(backend, tmp_path):
+def test_bfcl_sft_trains_every_assistant_turn_and_grpo_plays_every_user_turn(backend, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
     from tasks.bfcl import BfclMissing, load_bfcl
-    from training.grpo import train_grpo
+    from training.grpo import EpisodeLog, train_grpo
     from training.tiny import build_tiny_model, task_corpus
 
     try:
@@ -94,10 +97,8 @@ def test_bfcl_episodes_train_every_assistant_turn_and_grpo_says_why_it_cannot_pl
     users = [sum(m.role == "user" for m in r.messages) for r in rows]
     assert all(n == len(t.later_turns) + 1 > 1 for n, t in zip(users, tasks)), users
 
-    base = build_tiny_model(tmp_path / "base", task_corpus(tasks), hidden=32, layers=2, heads=2, kv_heads=1,
+    base = build_tiny_model(tmp_path / "base", task_corpus(tasks) * 2, hidden=64, layers=2, heads=2, kv_heads=1,
                             vocab_size=800, seed=0)
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(str(base))
     cols, stats = tokenize_rows(tok, rows, SFTConfig(max_length=8192))
     assistant = [sum(m.role == "assistant" for m in r.messages) for r in rows]
@@ -118,8 +119,63 @@ def test_bfcl_episodes_train_every_assistant_turn_and_grpo_says_why_it_cannot_pl
     assert (c["examples"], c["truncated"], c["dropped_truncated"]) == (1, 1, 0)
     assert (c["assistant_turns"], c["trained_turns"]) == (assistant[0], assistant[0] - 1)
 
-    res = train_sft(base, rows, tmp_path / "sft", SFTConfig(max_steps=1, batch_size=2, max_length=8192),
-                    progress=False)
-    assert res.steps == 1 and res.n_examples == 2 and res.per_suite["bfcl-multi-turn"]["trained_turns"] == sum(assistant)
-    with pytest.raises(TrainingError, match="later user turns"):
-        train_grpo(res.checkpoint_path, tasks, tmp_path / "grpo", GRPOConfig(max_steps=1), backend=backend)
+    sft = train_sft(base, rows, tmp_path / "sft", SFTConfig(max_steps=150, batch_size=2, learning_rate=1e-2,
+                                                            max_length=8192), progress=False)
+    assert sft.per_suite["bfcl-multi-turn"]["trained_turns"] == sum(assistant)
+    # GRPO: every user turn delivered after a reply without a call, the calls run against the task's API state in
+    # its sandbox, BFCL's checker as the reward
+    longest = max(len(ids) for ids in cols["input_ids"])
+    lake = tmp_path / "lake"
+    cfg = GRPOConfig(max_steps=1, num_generations=2, prompts_per_step=2, max_completion_length=longest,
+                     max_tool_calling_iterations=4, learning_rate=1e-4, temperature=0.5, seed=3,
+                     update_check=False)
+    import training.grpo as grpo_module
+
+    seen: list = []  # what the trainer's multi-turn tool loop returned: (loss mask, completion ids) per rollout
+    trainer_class = grpo_module._trainer_class
+
+    def recording_trainer_class():
+        class Recording(trainer_class()):
+            def _tool_call_loop(self, *args):
+                out = super()._tool_call_loop(*args)
+                seen.extend(zip(out[0], out[2], strict=True))
+                return out
+        return Recording
+
+    monkeypatch.setattr(grpo_module, "_trainer_class", recording_trainer_class)
+    res = train_grpo(sft.checkpoint_path, tasks, tmp_path / "grpo", cfg, backend=backend, progress=False,
+                     episode_log=EpisodeLog(str(lake), "bfcl-grpo", 1, policy="grpo-r1"))
+    got = _lake_rows(lake)
+    assert res.episodes == len(got) == 4 and {r.task_id for r in got} == {t.id for t in tasks}
+    by_id = {t.id: t for t in tasks}
+    # rollouts reach later user turns, in the task's order, each after a reply without a call
+    reached = [r for r in got if sum(m.role == "user" for m in r.messages) > 1]
+    assert reached, [[m.role for m in r.messages] for r in got]
+    for r in reached:
+        later = [m.content for m in r.messages if m.role == "user"][1:]
+        assert later == by_id[r.task_id].later_turns[: len(later)]
+        for k, m in enumerate(r.messages):
+            if m.role == "user" and k > 1:
+                assert r.messages[k - 1].role == "assistant" and not r.messages[k - 1].tool_calls
+    # the later user turns' tokens are out of GRPO's loss, as tool results are; the model's own tokens are in it
+    assert len(seen) == 4
+    later_texts = [t for task in tasks for t in task.later_turns]
+    delivered = sum(sum(m.role == "user" for m in r.messages) - 1 for r in got)
+    found = 0
+    for mask, ids in seen:
+        assert len(mask) == len(ids)
+        trained = tok.decode([t for t, m in zip(ids, mask) if m])
+        masked = tok.decode([t for t, m in zip(ids, mask) if not m])
+        assert not any(text in trained for text in later_texts)
+        found += sum(text in masked for text in later_texts)
+    assert found >= delivered > 0
+    from warehouse.report import episode_turns
+
+    shape = episode_turns(str(lake), "bfcl-grpo")  # the report's table of the episodes' turns
+    assert [(r["stage"], r["source"], r["suite"], r["episodes"]) for r in shape] == [
+        ("grpo", "student", "bfcl-multi-turn", 4)]
+    assert shape[0]["user_turns"] == sum(sum(m.role == "user" for m in r.messages) for r in got) / 4 > 1
+    assert shape[0]["not_passed"] == sum(r.verdict != "pass" for r in got)
+    judged = [r for r in got if r.verdict in ("pass", "fail")]
+    assert judged and all(r.verifier == "bfcl" and r.verifier_strength == "bfcl" for r in judged)
+    assert res.verdicts["pass"] == sum(r.verdict == "pass" for r in got)

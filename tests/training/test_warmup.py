@@ -39,14 +39,17 @@ def _echoes(model_dir, texts: list[str]) -> list[str]:
 
 @pytest.mark.slow  # trains the copy warm-up: not the fast core (make test-fast)
 def test_warm_up_teaches_copying_of_unseen_prompts(base, tmp_path):
-    """Trained on 200 train prompts, the model echoes held-out prompts (other numbers, other sums) digit for digit;
+    """Trained on 200 train prompts (500 steps), the model echoes held-out prompts (other numbers, other sums) digit
+    for digit;
     the random base echoes none of them."""
     train = [t.prompt for t in arithmetic.generate(200, split="train", seed=5, difficulty=1)]
     held = [t.prompt for t in arithmetic.generate(10, split="heldout", seed=5, difficulty=1)]
     assert sum(e == p for e, p in zip(_echoes(base, held), held)) == 0
     model = _copy(base, tmp_path, "warm")
-    res = warm_up_copying(model, train, steps=300, batch_size=16)
-    assert res.steps == 300 and len(res.losses) == 300
+    # 500 steps: at 300 (the rate 1e-3) the count depends on the CPU's arithmetic (9 of 10 on one machine, 7 on an
+    # AMD EPYC); at 500 it is 10 of 10 there
+    res = warm_up_copying(model, train, steps=500, batch_size=16)
+    assert res.steps == 500 and len(res.losses) == 500
     assert res.final_loss < 0.2 * sum(res.losses[:20]) / 20, (res.losses[:5], res.final_loss)
     echoes = _echoes(model, held)
     assert sum(e == p for e, p in zip(echoes, held)) >= 8, list(zip(echoes, held))

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from flows.train import grpo_step_rows
 from warehouse.lake import write_rows
-from warehouse.report import _plot_panel, build_report, gradient_health
+from warehouse.report import _plot_panel, build_report, gradient_health, sft_data
 
 
 def _m(round: int, metric: str, value: float) -> dict:
@@ -89,3 +89,22 @@ def test_a_matched_panel_writes_values_near_1_as_1_plus_their_deviation(tmp_path
     limits = _plot_panel(matched, tmp_path / "panel.png")
     lo, hi = limits["token_mult_prob_error"]
     assert lo <= 1.0000000012 and 1.0000000072 <= hi
+
+
+def test_sft_data_per_suite_is_a_table_of_the_report_not_rows_of_all_metrics(tmp_path):
+    from flows.stages import metric
+
+    counts = {"bfcl-multi-turn": {"examples": 2, "truncated": 1, "dropped_truncated": 1, "tokens": 3000,
+                                  "assistant_turns": 14, "trained_turns": 12},
+              "harbor": {"examples": 4, "tokens": 480, "assistant_turns": 8, "trained_turns": 8}}
+    rows = [metric("run1", 1, "sft", "data", "train", suite, f"sft_{k}", v)
+            for suite, c in counts.items() for k, v in c.items()]
+    root = str(tmp_path / "lake")
+    write_rows(root, "rounds", rows)
+    report = build_report(root, "run1")
+    table = {r["suite"]: r for r in sft_data([dict(r, round=1) for r in rows])}
+    assert table["bfcl-multi-turn"] == {"round": 1, "suite": "bfcl-multi-turn", "examples": 2, "truncated": 1,
+                                        "dropped_truncated": 1, "dropped_malformed": 0, "assistant_turns": 14,
+                                        "trained_turns": 12, "tokens_per_example": 1500.0}
+    assert table["harbor"]["tokens_per_example"] == 120.0
+    assert "SFT data per suite" in report.markdown and "sft_trained_turns" not in report.markdown
