@@ -106,7 +106,8 @@ def main() -> None:
             print(f"{r['condition']:<44} {r['episodes']:>4} episodes  {r['grpo_wall_s']:>7.1f} s  "
                   f"{r['episodes_per_s']:>6.2f} episodes/s  {r['verdicts']}", flush=True)
     base = rows[0]["episodes_per_s"]
-    print("\n| condition | episodes | GRPO wall s | episodes/s | vs arithmetic reused | verdicts |\n|---|---|---|---|---|---|")
+    print("\n| condition | episodes | GRPO wall s | episodes/s | vs arithmetic reused | verdicts |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['condition']} | {r['episodes']} | {r['grpo_wall_s']} | {r['episodes_per_s']} | "
               f"{r['episodes_per_s'] / base:.2f}x | {r['verdicts']} |")

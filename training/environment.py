@@ -4,9 +4,11 @@ TRL's GRPOTrainer (`environment_factory=`) creates one environment object per ro
 the dataset row, exposes the object's public methods as tools (schemas from type hints and Google docstrings) and
 calls them when the model emits tool calls. Here:
 
-- `environment_class(tool_names)` builds a class whose methods are exactly the task's tools, generated from
-  tasks.tools.TOOLS so that the schema TRL renders is byte-identical to the one the episode loop (and therefore
-  SFT) shows the model; `check_schemas` proves it and raises otherwise.
+- `environment_class(tool_names, specs=...)` builds a class whose methods are exactly the task's tools: the
+  built-in ones generated from tasks.tools.TOOLS with typed signatures (`check_schemas` proves TRL derives the loop's
+  schema from each), a task's own (BFCL's functions) as pass-through methods. `show_task_schemas(trainer)` then
+  hands TRL the loop's own schemas, in the task's order, to render: the GRPO prompt is the one the episode loop
+  (and therefore SFT) shows the model.
 - A method runs the call in the episode's sandbox, acquired lazily as the loop does (agents.loop.acquire_sandbox:
   from the shared backend, or for a Harbor task a fresh container of the task's own image), through the loop's
   agents.loop.run_task_tool, and returns tasks.tools.observation: the model sees what it would see in the loop.
@@ -20,8 +22,8 @@ calls them when the model emits tool calls. Here:
   (`agents.loop.episode_model_error`: an empty turn, a malformed call, an unknown tool, arguments that do not
   decode) is a `model_error` scoring 0; otherwise tasks.judge.verify.verify (outcome, forensics, reward terms) with
   what the loop gives it (the workspace of a code task; the agent's open container for a Harbor task, whose grader
-  runs in a fresh container of the image). Then it closes the sandbox. A hack scores 0 whatever else it did; an infrastructure failure scores None (TRL leaves it
-  out) and is counted, never 0.
+  runs in a fresh container of the image). Then it closes the sandbox. A hack scores 0 whatever else it did; an
+  infrastructure failure scores None (TRL leaves it out) and is counted, never 0.
   With `strengths` set (GRPOConfig.reward_strengths), a verdict reached on another path (an `isolated` test run
   when only `data` is trusted) scores None too, counted as `weak_verdict`. It keeps the batch's episodes
   (`last_episodes`, `ScoredEpisode`), which `grpo_rows` turns into lake rows with TRL's advantages, through the
@@ -490,7 +492,8 @@ def grpo_rows(episodes: list[ScoredEpisode], advantages: list[float], *, step: i
         raise ValueError(f"{len(episodes)} scored episodes but {len(advantages)} advantages in GRPO step {step}")
     return [
         episode_row(
-            ep.task, ep.messages, tool_schemas(list(ep.task.tools), ep.task.tool_specs), run_id=run_id, round=round, sample_index=i,
+            ep.task, ep.messages, tool_schemas(list(ep.task.tools), ep.task.tool_specs), run_id=run_id, round=round,
+            sample_index=i,
             source="student", policy=policy, sampling=sampling, verdict=ep.verdict, outcome=ep.outcome,
             reward=ep.reward if ep.reward is not None else (0.0 if ep.verdict == "hack" else None),
             error_class=ep.error_class,
