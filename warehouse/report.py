@@ -200,7 +200,7 @@ def episode_turns(root: str, run_id: str) -> list[dict[str, Any]]:
     assistant turns, user turns (above 1 on multi-turn tasks), tool calls per assistant turn, tokens per episode
     (where the policy reported them), and where the episodes that did not pass ended: how many, and how many at
     each assistant turn (`fail_at_turn`, e.g. `1:3 2:1`) and user turn (`fail_at_user_turn`)."""
-    return query(root, """
+    rows = query(root, """
         WITH e AS (
             SELECT round::INTEGER AS round, stage, source, suite, verdict, turns, n_tool_calls,
                    prompt_tokens + completion_tokens AS tokens,
@@ -226,6 +226,7 @@ def episode_turns(root: str, run_id: str) -> list[dict[str, Any]]:
                coalesce(any_value(u.fail_at_user_turn), '') AS fail_at_user_turn
         FROM e LEFT JOIN f USING (round, stage, source, suite) LEFT JOIN u USING (round, stage, source, suite)
         GROUP BY ALL ORDER BY ALL""", [run_id]).to_pylist()
+    return [{k: "" if v is None else v for k, v in r.items()} for r in rows]  # no tokens reported: blank
 
 
 SFT_DATA = ("examples", "truncated", "dropped_truncated", "dropped_malformed", "assistant_turns", "trained_turns")
