@@ -166,7 +166,8 @@ def _trainer_class() -> type:
                   **self.chat_template_kwargs}
             prefix = list(self.processing_class.apply_chat_template(head, add_generation_prompt=False, **kw))
             full = list(self.processing_class.apply_chat_template(head + [user], add_generation_prompt=True, **kw))
-            ends = [k for k, t in enumerate(prefix) if t in set(self.eos_token_ids)]
+            eos = set(self.eos_token_ids)
+            ends = [k for k, t in enumerate(prefix) if t in eos]
             if ends:
                 prefix = prefix[: ends[-1] + 1]
             if full[: len(prefix)] != prefix:

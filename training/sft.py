@@ -129,16 +129,16 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
     template = training_template(tokenizer) if cfg.assistant_only_loss else None
     ids_col: list[list[int]] = []
     labels_col: list[list[int]] = []
-    stats: dict[str, Any] = {"dropped_truncated": 0, "dropped_malformed": 0, "truncated": 0, "tokens": 0,
-                             "loss_tokens": 0, "dropped_ids": [], "kept_sources": [], "per_suite": {}}
+    per_suite: dict[str, dict[str, int]] = {}
+    dropped_ids: list[str] = []
+    kept_sources: list[str] = []
 
     def drop(row: Trajectory, why: str, suite: dict[str, int]) -> None:
-        stats[why] += 1
         suite[why] += 1
-        stats["dropped_ids"].append(row.trajectory_id)
+        dropped_ids.append(row.trajectory_id)
 
     for row in rows:
-        suite = stats["per_suite"].setdefault(row.suite, dict.fromkeys(SUITE_COUNTS, 0))
+        suite = per_suite.setdefault(row.suite, dict.fromkeys(SUITE_COUNTS, 0))
         try:
             msgs, tools = trajectory_conversation(row, template=tokenizer.chat_template)
         except chat.ConversationError:
@@ -162,17 +162,17 @@ def tokenize_rows(tokenizer, rows: list[Trajectory], cfg: SFTConfig) -> tuple[di
         if all(lab == -100 for lab in labels):
             drop(row, "dropped_malformed", suite)
             continue
-        stats["truncated"] += int(cut)
         ids_col.append(ids)
         labels_col.append(labels)
-        stats["kept_sources"].append(row.source)
-        n_loss = sum(1 for lab in labels if lab != -100)
-        stats["tokens"] += len(ids)
-        stats["loss_tokens"] += n_loss
-        for key, n in (("examples", 1), ("truncated", int(cut)), ("tokens", len(ids)), ("loss_tokens", n_loss),
+        kept_sources.append(row.source)
+        for key, n in (("examples", 1), ("truncated", int(cut)), ("tokens", len(ids)),
+                       ("loss_tokens", sum(1 for lab in labels if lab != -100)),
                        ("assistant_turns", sum(1 for m in msgs if m["role"] == "assistant")),
                        ("trained_turns", loss_spans(labels) if cfg.assistant_only_loss else 0)):
             suite[key] += n
+    totals = {k: sum(c[k] for c in per_suite.values())
+              for k in ("dropped_truncated", "dropped_malformed", "truncated", "tokens", "loss_tokens")}
+    stats = {**totals, "dropped_ids": dropped_ids, "kept_sources": kept_sources, "per_suite": per_suite}
     return {"input_ids": ids_col, "labels": labels_col}, stats
 
 

@@ -200,31 +200,20 @@ def episode_turns(root: str, run_id: str) -> list[dict[str, Any]]:
     assistant turns, user turns (above 1 on multi-turn tasks), tool calls per assistant turn, tokens per episode
     (where the policy reported them), and where the episodes that did not pass ended: how many, and how many at
     each assistant turn (`fail_at_turn`, e.g. `1:3 2:1`) and user turn (`fail_at_user_turn`)."""
-    rows = query(root, """
-        WITH e AS (
-            SELECT round::INTEGER AS round, stage, source, suite, verdict, turns, n_tool_calls,
-                   prompt_tokens + completion_tokens AS tokens,
-                   len(list_filter(messages, lambda m: m.role = 'user')) AS user_turns
-            FROM trajectories WHERE run_id = ? AND verdict <> 'infra_error'),
-        f AS (
-            SELECT round, stage, source, suite,
-                   string_agg(turns || ':' || n, ' ' ORDER BY turns) AS fail_at_turn
-            FROM (SELECT round, stage, source, suite, turns, count(*) AS n FROM e WHERE verdict <> 'pass' GROUP BY ALL)
-            GROUP BY ALL),
-        u AS (
-            SELECT round, stage, source, suite,
-                   string_agg(user_turns || ':' || n, ' ' ORDER BY user_turns) AS fail_at_user_turn
-            FROM (SELECT round, stage, source, suite, user_turns, count(*) AS n FROM e WHERE verdict <> 'pass'
-                  GROUP BY ALL)
-            GROUP BY ALL)
-        SELECT round, stage, source, suite, count(*) AS episodes, round(avg(turns), 2) AS turns,
+    def at(x: str) -> str:  # a histogram of the episodes that did not pass, as `1:3 2:1`
+        return (f"array_to_string(list_transform(map_entries(histogram({x}) FILTER (WHERE verdict <> 'pass')), "
+                "lambda e: e.key || ':' || e.value), ' ')")
+
+    rows = query(root, f"""
+        SELECT round::INTEGER AS round, stage, source, suite, count(*) AS episodes, round(avg(turns), 2) AS turns,
                round(avg(user_turns), 2) AS user_turns,
                round(sum(n_tool_calls) / greatest(sum(turns), 1), 2) AS calls_per_turn,
                round(avg(tokens) FILTER (WHERE tokens > 0), 1) AS tokens,
                count(*) FILTER (WHERE verdict <> 'pass') AS not_passed,
-               coalesce(any_value(f.fail_at_turn), '') AS fail_at_turn,
-               coalesce(any_value(u.fail_at_user_turn), '') AS fail_at_user_turn
-        FROM e LEFT JOIN f USING (round, stage, source, suite) LEFT JOIN u USING (round, stage, source, suite)
+               {at("turns")} AS fail_at_turn, {at("user_turns")} AS fail_at_user_turn
+        FROM (SELECT *, prompt_tokens + completion_tokens AS tokens,
+                     len(list_filter(messages, lambda m: m.role = 'user')) AS user_turns
+              FROM trajectories WHERE run_id = ? AND verdict <> 'infra_error')
         GROUP BY ALL ORDER BY ALL""", [run_id]).to_pylist()
     return [{k: "" if v is None else v for k, v in r.items()} for r in rows]  # no tokens reported: blank
 
