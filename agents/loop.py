@@ -154,14 +154,15 @@ def _verify(task: Task, messages: list[Message], backend: Backend, workspace: ta
 OPEN_SANDBOX_VERIFIERS = ("harbor", "openenv")
 
 
-def acquire_sandbox(task: Task, backend: Backend) -> Sandbox:
-    """The episode's sandbox: from `backend`, or for a Harbor task a container of the task's own image, or for a
+def acquire_sandbox(task: Task, backend: Backend, *, reuse_task_containers: bool = False) -> Sandbox:
+    """The episode's sandbox: from `backend`, or for a Harbor task a container of the task's own image (with
+    `reuse_task_containers`, one an earlier episode of the image left, reset: tasks/harbor.py acquire), or for a
     BFCL task one whose workspace holds the task's API classes (tasks/bfcl.py). GRPO's environments
     (training/environment.py) open theirs here too."""
     if task.verifier.kind == "harbor":
         from tasks.harbor import acquire
 
-        return acquire(task, backend)
+        return acquire(task, backend, reuse=reuse_task_containers)
     if task.verifier.kind == "bfcl":
         from tasks.bfcl import acquire as acquire_bfcl
 

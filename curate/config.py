@@ -59,7 +59,8 @@ class DedupConfig(BaseModel):
     same_problem: bool = Field(
         default=True,
         description="Near-duplicates must also share the defining constants of their user messages (numbers, "
-                    "quoted literals, identifiers): two problems of one template are never near-duplicates.")
+                    "quoted literals, identifiers, paths) and, for Harbor tasks, the task's environment (its "
+                    "task_version): two problems of one template are never near-duplicates.")
     num_perm: int = Field(default=128, ge=16, le=1024, description="MinHash permutations (accuracy vs. speed).")
     shingle: int = Field(default=3, ge=1, le=16, description="Tokens per shingle of the normalised conversation.")
     include_system: bool = Field(

@@ -84,11 +84,13 @@ def shingles(text: str, size: int) -> set[bytes]:
     return {" ".join(g).encode() for g in grams(tokens(text), size)}
 
 
-def problem_key(row: Trajectory) -> tuple[tuple[str, int], ...]:
-    """The defining constants (numbers, quoted literals, identifiers) of the row's user messages, sorted: two
-    episodes of one problem share it, two problems of one template differ in it."""
+def problem_key(row: Trajectory) -> tuple[tuple[str, int | str], ...]:
+    """The defining constants (numbers, quoted literals, identifiers, paths) of the row's user messages, sorted: two
+    episodes of one problem share it, two problems of one template differ in it. A Harbor task's problem is also
+    its environment (the files its instruction talks about): its task_version (a hash of the folder) is part of it."""
     toks = [t for m in row.messages if m.role == "user" for t in tokens(m.content or "")]
-    return tuple(sorted(constants(toks).items()))
+    env: tuple[tuple[str, int | str], ...] = (("@environment", row.task_version),) if row.verifier == "harbor" else ()
+    return env + tuple(sorted(constants(toks).items()))
 
 
 def minhashes(sets: list[set[bytes]], cfg: DedupConfig) -> list[MinHash | None]:

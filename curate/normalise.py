@@ -44,8 +44,10 @@ def tokens(text: str) -> list[str]:
 
 
 def is_constant(tok: str) -> bool:
-    """Numbers, quoted literals and identifiers with an underscore: the tokens a problem is defined by."""
-    return tok[0].isdigit() or tok[0] in "'\"" or ("_" in tok and _IDENT.match(tok) is not None)
+    """Numbers, quoted literals, identifiers with an underscore and paths (a backticked literal with a `/`, e.g.
+    `/app/out/totals.json`): the tokens a problem is defined by."""
+    return (tok[0].isdigit() or tok[0] in "'\"" or ("_" in tok and _IDENT.match(tok) is not None)
+            or (len(tok) > 1 and "/" in tok))
 
 
 def constants(toks: list[str]) -> Counter[str]:

@@ -199,7 +199,8 @@ class SuiteStep(BaseModel):
     difficulty: int = Field(default=1, ge=1, le=3, description="Difficulty level (built-in suites).")
     from_round: int = Field(default=1, ge=1, description="First round whose teacher, SFT and GRPO use it; every "
                                                          "round scores the student on all suites' held-out split.")
-    train_tasks: int = Field(default=150, gt=0, description="Train tasks drawn from it.")
+    train_tasks: int = Field(default=150, ge=0, description="Train tasks drawn from it; 0: a suite only scored "
+                             "(held-out), never trained, e.g. ledger-combos.")
     heldout_tasks: int = Field(default=40, gt=0, description="Held-out tasks drawn from it.")
 
 

@@ -162,6 +162,8 @@ def stage_grpo(cfg: FlywheelConfig, run_id: str, round: int, parent: dict[str, A
     ck = register_checkpoint(root, run_id=run_id, round=round, stage="grpo", path=res.checkpoint_path,
                              parent_id=parent["checkpoint_id"], metrics=metrics)
     rows = task_rows + health + [metric(run_id, round, "grpo", "stage", "-", "all", "wall_s", res.total_s)]
+    rows += [metric(run_id, round, "grpo", "stage", "-", "all", f"task_containers_{k}", v)
+             for k, v in res.task_containers.items()]  # Harbor tasks: agent containers started, reused, reset_failed
     if res.rewards:
         rows += [metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_first", res.rewards[0]),
                  metric(run_id, round, "grpo", "student", "train", "all", "grpo_reward_last", res.rewards[-1])]

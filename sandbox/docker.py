@@ -426,7 +426,7 @@ class DockerBackend:
     exec_workdir = WORKDIR
 
     def __init__(self, config: SandboxConfig, *, pool_size: int = 2, max_sandboxes: int = 64,
-                 acquire_timeout_s: float = 120.0, client=None):
+                 acquire_timeout_s: float = 120.0, reset_threads: int = 0, client=None):
         self.config = config
         self.reuse = config.reuse is not False  # None: the default, on for Docker
         self.pool_size = max(0, pool_size)
@@ -435,7 +435,8 @@ class DockerBackend:
             PoolDriver(start=lambda ahead: self._create(prestart=ahead or self.reuse), reset=self._reset,
                        alive=self._alive, discard=self._discard, reused=lambda box: box.episodes > 0,
                        name=lambda box: box.id[:12]),
-            PoolSettings(label="docker sandbox", size=self.pool_size, fillers=min(self.pool_size, FILL_THREADS),
+            PoolSettings(label="docker sandbox", size=self.pool_size,
+                         fillers=max(min(self.pool_size, FILL_THREADS), reset_threads if self.reuse else 0),
                          reuse=self.reuse, spare=REUSE_SPARE, max_in_use=max_sandboxes,
                          acquire_timeout_s=acquire_timeout_s))
         self.stats = self._pool.stats

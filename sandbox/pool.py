@@ -80,7 +80,7 @@ class WarmPool(Generic[T]):
 
     def start_fillers(self) -> None:
         """Start the background threads (call once the driver is ready to start sandboxes)."""
-        if self.settings.size:
+        if self.settings.size or (self.settings.reuse and self.settings.fillers):  # the latter only reset
             self._fillers = [threading.Thread(target=self._fill_loop, name=f"{self.settings.label}-pool-{i}",
                                               daemon=True) for i in range(max(1, self.settings.fillers))]
             for t in self._fillers:
@@ -95,6 +95,14 @@ class WarmPool(Generic[T]):
         """How many sandboxes wait ready for take() (fresh, or reset for reuse)."""
         with self._lock:
             return len(self._ready)
+
+    def trim(self, keep: int) -> int:
+        """Discard the ready sandboxes beyond the `keep` most recently readied; how many went."""
+        with self._lock:
+            extra = [self._ready.popleft() for _ in range(max(0, len(self._ready) - keep))]
+        for item in extra:
+            self.driver.discard(item)
+        return len(extra)
 
     # -- handing out -------------------------------------------------------------------------------------------
     def take(self) -> T:

@@ -6,12 +6,22 @@
   SandboxUnavailable naming the base and the fix, raised before `docker build` runs. The build itself is
   `nice docker build --network none --pull=false`. The image must run `python3` (the sandbox's PID 1, file writes
   and cleanup need it): checked once after a build.
-- `TaskEnvBackend(config, image=...)`: the Docker backend (sandbox/docker.py: one fresh container per episode, never
-  reset and reused whatever `config.reuse` says, since the reset's checks cover only the read-only-root sandbox; the
-  exec/timeout/capture machinery) with containers from that image, run as the image's user (or the task's) in the
-  image's working directory (or the task's), with a writable root filesystem (a task's agent installs and edits
-  files anywhere, as Harbor agents do), no network, the memory/CPU/pids limits of `config`, every capability
-  dropped except the file-ownership and process ones a root shell needs (KEEP_CAPS), no-new-privileges.
+- `TaskEnvBackend(config, image=...)`: the Docker backend (sandbox/docker.py: the exec/timeout/capture machinery)
+  with containers from that image, run as the image's user (or the task's) in the image's working directory (or the
+  task's), with a writable root filesystem (a task's agent installs and edits files anywhere, as Harbor agents do),
+  no network, the memory/CPU/pids limits of `config`, every capability dropped except the file-ownership and
+  process ones a root shell needs (KEEP_CAPS), no-new-privileges. One fresh container per episode, unless the
+  caller names `reset_paths` (and `config.reuse` is not false): then a container whose episode ended is reset and
+  handed to the next episode of the same image, where the episode allowed it. The reset (`_reset`): every process
+  but PID 1 killed from the host with the cgroup frozen (sandbox/docker.py), then the engine's own list of what
+  changed in the container's filesystem since it was created (`docker diff`) must lie under the reset paths (the
+  working directory and those named; their parent folders may show as changed); each reset path with a change is
+  removed and put back from the archive taken of it in the backend's first fresh container (absent there: removed),
+  /dev/shm and /dev/mqueue (tmpfs, not in the diff) are emptied and System V IPC objects removed, and PID 1 must be
+  the only process left. A change anywhere else (a package installed, /etc edited), a failed step, or a host that
+  cannot reach the container's cgroup (not root, a remote engine) removes the container instead, counted in
+  `stats["reset_failed"]`; `stats["reused"]` counts the episodes that got a reset one. One background thread per
+  backend does the resets; an acquire takes a reset container, else resets a waiting one itself, else starts one.
 - `copy_paths(src, dst, paths)`: the state under `paths` moved from one container into another through the
   engine's archive API (bytes exact, modes and symlinks kept; what the destination had there first is removed):
   how a verifier in a fresh container sees what an agent left.
@@ -35,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from sandbox import programs
 from sandbox.cgroup import Cgroup
 from sandbox.docker import DockerBackend, DockerSandbox, _Container, attach_and_start
+from sandbox.dockerexec import is_infra
 from sandbox.engine import BACKEND_LABEL, LABEL, OWNER_LABEL, docker_client, image_id
 from sandbox.result import SandboxConfig, SandboxError, SandboxUnavailable
 
@@ -44,6 +55,9 @@ IMAGE_REPO = "flywheel-env"
 HASH_LABEL = "flywheel.env.hash"
 KEEP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 MAX_STATE_BYTES = 256 * 1024 * 1024  # a state path larger than this is not copied (the verifier fails closed)
+# the reset's one root command: remove the changed reset paths (its arguments), empty the tmpfs folders that
+# `docker diff` does not see, remove System V IPC objects
+CLEAR = 'rm -rf -- "$@" && find /dev/shm /dev/mqueue -mindepth 1 -delete && ipcrm --all'
 
 
 # ------------------------------------------------------------------------------------------------ images
@@ -175,7 +189,8 @@ class TaskEnvBackend(DockerBackend):
     name = "docker"
 
     def __init__(self, config: SandboxConfig, *, user: str | None = None, workdir: str | None = None,
-                 env: dict[str, str] | None = None, pool_size: int = 0, client=None):
+                 env: dict[str, str] | None = None, pool_size: int = 0, reset_paths: list[str] | None = None,
+                 client=None):
         client = client or docker_client()
         if image_id(config.image, client) is None:
             raise SandboxUnavailable(f"task image {config.image!r} is not in the Docker engine; fix: flywheel tasks "
@@ -184,9 +199,21 @@ class TaskEnvBackend(DockerBackend):
         self.exec_user = user or img_user
         self.exec_workdir = workdir or img_workdir
         self.env = [f"{k}={v}" for k, v in (env or {}).items()]
-        # no reuse: a writable root filesystem, root or the image's user, state copied between containers
-        # (copy_paths) are beyond what a reset empties and checks (sandbox/docker.py, Reuse)
-        super().__init__(config.model_copy(update={"reuse": False}), pool_size=pool_size, client=client)
+        # reuse only with reset paths, and never of a container whose working directory is / (it cannot be put back)
+        self.reset_paths = _outermost([self.exec_workdir, *reset_paths]) if reset_paths is not None else []
+        reuse = bool(self.reset_paths) and "/" not in self.reset_paths and config.reuse is not False
+        self._pristine: dict[str, bytes | None] | None = None  # reset path -> its archive in a fresh container
+        # with reuse, one thread resets the containers whose episode ended while the caller goes on
+        super().__init__(config.model_copy(update={"reuse": reuse}), pool_size=pool_size, reset_threads=1,
+                         client=client)
+
+    def idle(self) -> int:
+        """Containers reset and waiting for the next episode."""
+        return self._pool.ready()
+
+    def trim_idle(self, keep: int = 0) -> int:
+        """Remove the waiting containers beyond `keep`; how many went."""
+        return self._pool.trim(keep)
 
     def _create_once(self, prestart: bool = False) -> _Container:
         c = self.config
@@ -208,7 +235,64 @@ class TaskEnvBackend(DockerBackend):
             use_config_proxy=False, labels={LABEL: "1", OWNER_LABEL: self.owner, BACKEND_LABEL: self.instance},
             host_config=host_config,
         )
-        return _Container(cont["Id"], attach_and_start(api, cont["Id"]), Cgroup(cont["Id"]))
+        box = _Container(cont["Id"], attach_and_start(api, cont["Id"]), Cgroup(cont["Id"]))
+        if self.reuse and box.cgroup.resettable:
+            try:
+                procs = box.cgroup.processes()  # PID 1 alone, before any exec
+                box.pid1 = procs[0] if len(procs) == 1 else 0
+                if box.pid1 and self._pristine is None:
+                    self._pristine = {p: _read_archive_id(api, box.id, p, MAX_STATE_BYTES) for p in self.reset_paths}
+            except (OSError, SandboxError) as e:  # this container is used once and removed
+                log.info("container %s of %s will not be reused: %s", box.id[:12], c.image, e)
+                box.pid1 = 0
+        self._pool.count_started()
+        return box
+
+    def _reset(self, box: _Container) -> str | None:
+        """Make a used container as the image made it (see the module docstring); None when done, else why not."""
+        cg = box.cgroup
+        if os.geteuid() != 0 or not box.pid1 or self._pristine is None or not cg.resettable:
+            return ("the host cannot reset this container (it needs root and the container's cgroup on this host); "
+                    "fix: run as root next to the engine, or set sandbox.reuse=false")
+        it, box.interp = box.interp, None
+        if it is not None:
+            it.stream.close()
+        why = self._kill_all_but(box, {box.pid1})
+        if why is not None:
+            return why
+        api = self.client.api
+        try:
+            changed = [(d["Path"], d["Kind"]) for d in api.diff(box.id) or []]
+            outside = [p for p, kind in changed if not any(_within(p, r) for r in self.reset_paths)
+                       and not (kind == 0 and any(_within(r, p) for r in self.reset_paths))]
+            if outside:
+                return f"changed outside the reset paths {self.reset_paths}: {', '.join(sorted(outside)[:5])}"
+            touched = [r for r in self.reset_paths if any(_within(p, r) for p, _ in changed)]
+            code, out = _root_exec_id(api, box.id, ["sh", "-c", CLEAR, "reset", *touched])
+            if code != 0:
+                return f"clearing {touched}, /dev/shm, /dev/mqueue and IPC failed (exit {code}): {out[-200:]}"
+            for root in touched:
+                data = self._pristine[root]
+                if data is not None and not api.put_archive(box.id, str(PurePosixPath(root).parent), data):
+                    return f"putting {root} back failed"
+            procs = cg.processes()
+        except Exception as e:
+            if not is_infra(e) and not isinstance(e, (OSError, SandboxError)):
+                raise
+            return f"resetting failed: {type(e).__name__}: {e}"
+        if procs != [box.pid1]:
+            return f"the host sees {len(procs)} processes in the container after the reset, expected PID 1 alone"
+        return None
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """The absolute paths of `paths` not inside another of them, normalised, in order."""
+    norm = [str(PurePosixPath(p)) for p in paths if p]
+    return [p for i, p in enumerate(norm) if p not in norm[:i] and not any(q != p and _within(p, q) for q in norm)]
 
 
 def _api(sb: DockerSandbox):
@@ -217,8 +301,11 @@ def _api(sb: DockerSandbox):
 
 def root_exec(sb: DockerSandbox, argv: list[str], timeout_s: float = 60.0) -> tuple[int | None, str]:
     """Run argv as root in the sandbox's container (housekeeping around an episode, never the agent's calls)."""
-    api = _api(sb)
-    ex = api.exec_create(sb.container_id, ["timeout", "-s", "KILL", str(int(timeout_s)), *argv], user="0:0",
+    return _root_exec_id(_api(sb), sb.container_id, argv, timeout_s)
+
+
+def _root_exec_id(api, container_id: str, argv: list[str], timeout_s: float = 60.0) -> tuple[int | None, str]:
+    ex = api.exec_create(container_id, ["timeout", "-s", "KILL", str(int(timeout_s)), *argv], user="0:0",
                          workdir="/", stdout=True, stderr=True)
     out = api.exec_start(ex["Id"])
     deadline = time.monotonic() + 5
@@ -257,10 +344,14 @@ def put_tree(sb: DockerSandbox, dest: str, files: dict[str, bytes]) -> None:
 
 
 def _read_archive(sb: DockerSandbox, path: str, limit: int) -> bytes | None:
+    return _read_archive_id(_api(sb), sb.container_id, path, limit)
+
+
+def _read_archive_id(api, container_id: str, path: str, limit: int) -> bytes | None:
     import docker.errors
 
     try:
-        stream, _stat = _api(sb).get_archive(sb.container_id, path)
+        stream, _stat = api.get_archive(container_id, path)
     except docker.errors.NotFound:
         return None
     buf = bytearray()

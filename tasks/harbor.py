@@ -42,6 +42,7 @@ import math
 import re
 import shlex
 import threading
+import time
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -403,22 +404,44 @@ _backends: dict[tuple, Backend] = {}
 _lock = threading.Lock()
 
 
-def _backend(task: Task, base: SandboxConfig, role: Literal["agent", "verifier"]) -> Backend:
+# with reuse, what an agent's container has reset besides the task's state paths: scratch, and the folders the
+# verifier and the oracle own (an agent that wrote /solution or /tests must not hand them to the next episode)
+AGENT_RESET_PATHS = ("/tmp", "/solution", "/tests", "/logs")
+IDLE_CAP = 32  # reset agent containers kept waiting, over every task image (the least recently used go first)
+_last_used: dict[tuple, float] = {}
+
+
+def _backend(task: Task, base: SandboxConfig, role: Literal["agent", "verifier"], reuse: bool = False) -> Backend:
     from sandbox.taskenv import TaskEnvBackend
 
+    reuse = reuse and role == "agent"
     h = task.metadata["harbor"]
     timeout = h["agent_timeout_s"] if role == "agent" else h["verifier_timeout_s"]
     cfg = base.model_copy(update={"image": h["image"], "backend": "docker",
                                   "memory_mb": h["memory_mb"] or base.memory_mb, "cpus": h["cpus"] or base.cpus,
                                   "timeout_s": timeout or base.timeout_s})
     user = h["agent_user"] if role == "agent" else h["verifier_user"]
-    key = (cfg.model_dump_json(), user, h["workdir"], json.dumps(h["env"], sort_keys=True))
+    key = (cfg.model_dump_json(), user, h["workdir"], json.dumps(h["env"], sort_keys=True), reuse)
     with _lock:
         be = _backends.get(key)
         if be is None:
-            be = TaskEnvBackend(cfg, user=user, workdir=h["workdir"], env=h["env"])
+            be = TaskEnvBackend(cfg, user=user, workdir=h["workdir"], env=h["env"],
+                                reset_paths=[*h["state_paths"], *AGENT_RESET_PATHS] if reuse else None)
             _backends[key] = be
+        if reuse:
+            _last_used[key] = time.monotonic()
     return be
+
+
+def _trim_idle(keep: Backend) -> None:
+    """Remove waiting agent containers, least recently used image first (never `keep`'s), down to IDLE_CAP."""
+    with _lock:
+        others = [_backends[k] for _, k in sorted((t, k) for k, t in _last_used.items()) if _backends[k] is not keep]
+    over = sum(b.idle() for b in [*others, keep]) - IDLE_CAP  # type: ignore[attr-defined]
+    for b in others:
+        if over <= 0:
+            break
+        over -= b.trim_idle(0)  # type: ignore[attr-defined]
 
 
 def _base_config(backend: Backend | None) -> SandboxConfig:
@@ -430,9 +453,22 @@ def _base_config(backend: Backend | None) -> SandboxConfig:
     return backend.config  # type: ignore[attr-defined]
 
 
-def acquire(task: Task, backend: Backend | None):
-    """A fresh container of the task's image for the agent (the run's backend gives the limits; must be Docker)."""
-    return _backend(task, _base_config(backend), "agent").acquire()
+def acquire(task: Task, backend: Backend | None, *, reuse: bool = False):
+    """A container of the task's image for the agent (the run's backend gives the limits; must be Docker): a fresh
+    one, or with `reuse` (and the run's sandbox.reuse not false) one an earlier episode of the same image left,
+    reset as sandbox/taskenv.py describes (a fresh one when none waits)."""
+    be = _backend(task, _base_config(backend), "agent", reuse)
+    if reuse:
+        _trim_idle(be)
+    return be.acquire()
+
+
+def reuse_stats() -> dict[str, int]:
+    """Over this process's reusing agent backends: containers started, episodes that got a reset one, resets that
+    failed (the container was removed)."""
+    with _lock:
+        bes = [_backends[k] for k in _last_used if k in _backends]
+    return {k: sum(b.stats[k] for b in bes) for k in ("started", "reused", "reset_failed")}  # type: ignore[attr-defined]
 
 
 def shutdown() -> None:
@@ -440,6 +476,7 @@ def shutdown() -> None:
     with _lock:
         bes = list(_backends.values())
         _backends.clear()
+        _last_used.clear()
     for be in bes:
         be.shutdown()
 

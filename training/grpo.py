@@ -50,6 +50,9 @@ class GRPOResult(BaseModel):
     rows_written: int = Field(default=0, description="Episode rows written to the lake (stage grpo); 0 without "
                                                      "an episode log.")
     rows_skipped: int = Field(default=0, description="Episode rows already in the lake (a re-run's same ids).")
+    task_containers: dict[str, int] = Field(default_factory=dict, description="Harbor tasks' agent containers "
+                                            "with grpo.harbor_reuse: started, reused (generations that got a reset "
+                                            "one) and reset_failed (removed instead); empty without Harbor tasks.")
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="Per-run summary of step diagnostics.")
     steps_diagnostics: list[dict[str, Any]] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
@@ -265,7 +268,8 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     cols = task_rows(tasks)
     tool_sets = sorted(set(cols["environment"]))
     specs = {",".join(t.tools): t.tool_specs for t in tasks}  # a tool set's own tools' schemas (BFCL's)
-    factories = {ts: environment_class(ts.split(","), backend, specs=specs[ts], tool_timeout_s=cfg.sandbox_timeout_s)
+    factories = {ts: environment_class(ts.split(","), backend, specs=specs[ts], tool_timeout_s=cfg.sandbox_timeout_s,
+                                       reuse_task_containers=cfg.harbor_reuse)
                  for ts in tool_sets}
     if len(factories) == 1:
         factory: Any = next(iter(factories.values()))
@@ -320,6 +324,12 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
             for env_list in getattr(trainer, "_environment_pool", {}).values():
                 for env in env_list:
                     env._close()
+            task_containers: dict[str, int] = {}
+            if any(t.verifier.kind == "harbor" for t in tasks):
+                from tasks import harbor
+
+                task_containers = harbor.reuse_stats() if cfg.harbor_reuse else {}
+                harbor.shutdown()  # the containers waiting for a next generation, and the graders' backends
         wall = time.perf_counter() - t1
         hist = trainer.state.log_history
         losses = [float(h["loss"]) for h in hist if "loss" in h]
@@ -331,6 +341,7 @@ def train_grpo(model_path: str | Path, tasks: list[Task], out_dir: str | Path, c
     s = reward_fn.stats
     return GRPOResult(
         checkpoint_path=str(out), losses=losses, rewards=step_rewards, steps=int(trainer.state.global_step),
+        task_containers=task_containers,
         wall_s=wall, total_s=time.perf_counter() - t0, episodes=s["episodes"],
         verdicts={k: s[k] for k in ("pass", "fail", "hack", "model_error", "infra")},
         hacks_with_positive_reward=sum(1 for h in reward_fn.history if h["verdict"] == "hack" and h["reward"] > 0),

@@ -10,15 +10,22 @@ format and the instruction's wording all vary: with the vocabularies below, many
 writes a task with some of the family's KNOBS fixed (the aggregate, the grouping, the output format: what sets a
 task's difficulty) and everything else new: how the flywheel's synthesize stage asks for tasks near the ones its
 student fails (curate/frontier.py).
-The oracle (guest/ledger_solve.py) and the check (guest/ledger_check.py, with the expected output in
-tests/expected.json, never in the instruction) are real modules, copied into each folder with test.sh and
-solve.sh. This module writes no folder (tasks/factory/draft.py does) and admits nothing.
+`ledger_suite_drafts(n, split=..., seed=...)` draws the built-in suites' tasks (tasks/factory/suite.py): every
+folder, subfolder, file stem, output folder and file name coined afresh per task from syllables, train and held-out
+names disjoint by rule (`coined_names`; column names and key values are the family's schema and shared), and the
+aggregate x grouping x format combinations of HELD_COMBOS only in the `combos` split, never in train.
+The oracle (guest/ledger_solve.py, one short program that solve.sh runs with the task's values; `solve_script`)
+and the check (guest/ledger_check.py, with the expected output in tests/expected.json, never in the instruction)
+are real modules, copied into each folder with test.sh. This module writes no folder (tasks/factory/draft.py does)
+and admits nothing.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.factory.draft import TaskDraft
@@ -86,6 +93,44 @@ EXT = {"json": "json", "csv": "csv", "lines": "txt"}
 KNOBS = {"aggregate": AGGREGATES, "group_by": ["file", "folder"], "format": FORMATS}  # knob -> its values
 
 
+@dataclass(frozen=True)
+class Names:
+    """The vocabularies a task's file and folder names are drawn from."""
+
+    roots: list[str]
+    subs: list[str]
+    stems: list[str]
+    out_dirs: list[str]
+    out_names: list[str]
+
+
+ALL_NAMES = Names(ROOTS, SUBS, STEMS, OUT_DIRS, OUT_NAMES)  # ledger_draft / ledger_near: the whole family
+# the built-in suites coin every file and folder name from these syllables (2-3 of them), a fresh set per task, so
+# that a student must read each name from the instruction; a coined name is a train name when its crc32 is even,
+# a held-out one when it is odd: the splits never share one
+SYLLABLES = ["ba", "ke", "lo", "mi", "nu", "ra", "so", "ti", "vo", "za", "de", "fu", "ga", "pe", "ru", "xi"]
+
+
+def coined_names(rng: random.Random, split: str) -> Names:
+    """A fresh set of names for one task of the `split` (train | heldout): 1 root, 4 subfolders, 12 file stems,
+    1 output folder and 1 output name, distinct."""
+    parity = 0 if split == "train" else 1
+    words: list[str] = []
+    while len(words) < 19:
+        w = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+        if zlib.crc32(w.encode()) % 2 == parity and w not in words:
+            words.append(w)
+    return Names(words[:1], words[1:5], words[5:17], words[17:18], words[18:19])
+
+
+# (aggregate, group_by, format) never drawn for train or held-out tasks: the `combos` split holds only these, so it
+# scores steps the student has seen, but never together (every value of each knob is in train)
+HELD_COMBOS = [("max", "folder", "lines"), ("min", "file", "csv"), ("count", "folder", "json"),
+               ("sum", "file", "lines")]
+SEEN_COMBOS = [(a, g, f) for a in AGGREGATES for g in KNOBS["group_by"] for f in FORMATS
+               if (a, g, f) not in HELD_COMBOS]
+
+
 def _guest(name: str) -> str:
     return (GUEST / name).read_text()
 
@@ -116,11 +161,48 @@ def ledger_near(knobs: dict[str, str], *, seed: int, round: int, index: int) -> 
     return d
 
 
-def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[str, str] | None = None) -> TaskDraft:
-    """One task from `rng`; a knob in `knobs` replaces the value drawn for it (the draws themselves are the same
-    with or without knobs, so that ledger_draft's stream never changes)."""
+def ledger_suite_drafts(n: int, *, split: str, seed: int = 0) -> list[TaskDraft]:
+    """The first n tasks of a built-in suite's split: 'train' and 'heldout' (coined_names of the split,
+    SEEN_COMBOS) or 'combos' (held-out names, HELD_COMBOS); task i depends on (split, seed, i) only and is named
+    ledger-{split}-s{seed}-{i}; its task.toml [metadata] split is 'train' or 'heldout'."""
+    if split not in ("train", "heldout", "combos"):
+        raise ValueError(f"the ledger suites have splits train, heldout and combos, not {split!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, not {n}")
+    combos = HELD_COMBOS if split == "combos" else SEEN_COMBOS
+    out = []
+    for i in range(n):
+        rng = random.Random(f"ledger-suite:{split}:{seed}:{i}")
+        names = coined_names(random.Random(f"ledger-names:{split}:{seed}:{i}"),
+                             "train" if split == "train" else "heldout")
+        agg, group_by, fmt = rng.choice(combos)
+        d = _draft(rng, name=f"ledger-{split}-s{seed}-{i}", seed=seed, index=i, names=names,
+                   knobs={"aggregate": agg, "group_by": group_by, "format": fmt})
+        d.metadata["split"] = "train" if split == "train" else "heldout"
+        out.append(d)
+    return out
+
+
+def solve_script(params: dict[str, str]) -> str:
+    """solve.sh of a task: guest/ledger_solve.py's program (below its docstring) run by `python3 -`, its PARAMS
+    line holding `params`' values."""
+    source = _guest("ledger_solve.py")
+    program = "".join(x for x in source.split('"""', 2)[2].lstrip("\n").splitlines(keepends=True)
+                      if not x.startswith("# ruff:")).lstrip("\n")
+    line = next(x for x in program.splitlines() if x.endswith("# PARAMS"))
+    names = line.split(" = ", 1)[0]
+    values = [params[k] for k in ("folder", "delimiter", "key_column", "key_value", "value_column", "aggregate",
+                                  "group_by", "format", "output")]
+    program = program.replace(line, f"{names} = {', '.join(json.dumps(v) for v in values)}")
+    return f"#!/bin/bash\nset -euo pipefail\npython3 - <<'EOF'\n{program}EOF\n"
+
+
+def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[str, str] | None = None,
+           names: Names = ALL_NAMES) -> TaskDraft:
+    """One task from `rng`, its file and folder names from `names`; a knob in `knobs` replaces the value drawn for
+    it (the draws themselves are the same with or without knobs, so that ledger_draft's stream never changes)."""
     knobs = knobs or {}
-    root = rng.choice(ROOTS)
+    root = rng.choice(names.roots)
     delim, delim_name = rng.choice([(",", ","), (";", ";"), ("|", "|")])
     key = rng.choice(sorted(KEYS))
     key_values = KEYS[key]
@@ -129,12 +211,12 @@ def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[
     agg = knobs.get("aggregate", rng.choice(AGGREGATES))
     group_by = knobs.get("group_by", rng.choice(["file", "folder"]))
     fmt = knobs.get("format", rng.choice(FORMATS))
-    out = f"/app/{rng.choice(OUT_DIRS)}/{rng.choice(OUT_NAMES)}.{EXT[fmt]}"
+    out = f"/app/{rng.choice(names.out_dirs)}/{rng.choice(names.out_names)}.{EXT[fmt]}"
     columns = ["id", key, col] + rng.sample(EXTRA, rng.randint(0, 2))
     rng.shuffle(columns)
-    subs = rng.sample(SUBS, rng.randint(2, 4))
+    subs = rng.sample(names.subs, rng.randint(2, 4))
     files: dict[str, str] = {}
-    stems = rng.sample(STEMS, len(STEMS))
+    stems = rng.sample(names.stems, len(names.stems))
     for sub in subs:
         for _ in range(rng.randint(1, 3)):
             stem = f"{stems.pop()}-{rng.randint(1, 99)}"
@@ -171,8 +253,7 @@ def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[
         name=name, family=FAMILY, instruction=instruction, files=files,
         tests={"test.sh": _guest("test.sh"), "ledger_check.py": _guest("ledger_check.py"),
                "expected.json": json.dumps({"output": out, "groups": expected}, indent=1) + "\n"},
-        solution={"solve.sh": _guest("solve.sh"), "ledger_solve.py": _guest("ledger_solve.py"),
-                  "params.json": json.dumps(params, indent=1) + "\n"},
+        solution={"solve.sh": solve_script(params)},
         difficulty=1 + (group_by == "folder") + (fmt == "lines"),
         metadata={"aggregate": agg, "group_by": group_by, "format": fmt, "seed": seed, "index": index})
 

@@ -426,3 +426,49 @@ def test_curate_on_an_empty_run_writes_an_empty_snapshot(tmp_path, heldout):
             [(0,)]
     finally:
         con.close()
+
+
+def _harbor_row(task, *, sample=0, final="Done.", user=None) -> Trajectory:
+    """An episode of a Harbor task shaped like the reference teacher's: its one shell call, an empty output, a close."""
+    cid = f"call_{sample}"
+    args = json.dumps(task.reference.steps[0].arguments)
+    msgs = [Message(role="system", content=SYSTEM), Message(role="user", content=user or task.prompt),
+            Message(role="assistant", content=None,
+                    tool_calls=[ToolCall(id=cid, function=FunctionCall(name="shell", arguments=args))]),
+            Message(role="tool", content="", tool_call_id=cid, name="shell"),
+            Message(role="assistant", content=final)]
+    return Trajectory(
+        trajectory_id=trajectory_id("run1", 0, task.id, "ref", sample), run_id="run1", round=0, source="teacher",
+        policy="ref", sample_index=sample, task_id=task.id, suite=task.suite, split="train",
+        task_version=task.version, difficulty=1, verifier="harbor", verifier_version="2", messages=msgs,
+        tools_json="[]", reward=1.0, success=True, verdict="pass", turns=2, n_tool_calls=1)
+
+
+def test_harbor_tasks_of_one_template_are_distinct_problems_but_a_resample_or_a_leak_is_not(tmp_path):
+    """The ledger suite's instructions are one template and its reference call is one program: two tasks whose
+    instructions name the same folder and output (their data differ) are two problems, kept; a second episode of one
+    task is a near-duplicate; decontamination keeps every train task against the held-out ones (new names) and
+    drops a train row that carries a held-out instruction."""
+    from tasks.factory.draft import write_folder
+    from tasks.factory.ledger import ledger_suite_drafts
+    from tasks.harbor import load_harbor
+
+    def tasks(split: str, n: int) -> list:
+        for d in ledger_suite_drafts(n, split=split, seed=0):
+            write_folder(d, tmp_path / split / d.name)
+        return load_harbor(tmp_path / split)
+
+    train, held = tasks("train", 120), tasks("heldout", 20)
+    paths = {}
+    twins = next((paths[k], t) for t in train
+                 if (k := (t.reference.steps[0].arguments["command"].split('"')[1], t.prompt.split("`")[-2]))
+                 in paths or paths.setdefault(k, t) is None)
+    assert twins[0].prompt != twins[1].prompt  # the same folder and output, another problem
+    clean = [_harbor_row(t) for t in train]
+    again = _harbor_row(twins[1], sample=1, final="Done: the output file is written.")
+    kept, dropped, dup_of = dedup_rows(clean + [again], DedupConfig())
+    assert dropped == {again.trajectory_id: DUP_NEAR} and dup_of[again.trajectory_id] == clean[
+        train.index(twins[1])].trajectory_id
+    leak = _harbor_row(train[0], sample=2, user=held[0].prompt)
+    kept, dropped, by = decontaminate(clean + [leak], held, DecontamConfig())
+    assert dropped == {leak.trajectory_id: CONTAMINATED} and by[leak.trajectory_id] == held[0].id

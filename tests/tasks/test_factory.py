@@ -1,13 +1,15 @@
 """The task factory's parts, without Docker: the ledger family (deterministic, varied, its oracle and check agree
 and never leak into the instruction), the perturbed oracles spoil what the oracle wrote (each fails the check),
 the atomic folder writer, the writers' strict schema, the leak rules, and the decontamination rules as a duplicate
-and held-out-copy test (a copy is caught, the family's own variety is not)."""
+and held-out-copy test (a copy is caught, the family's own variety is not); the built-in ledger suites' splits
+(train and held-out tasks share no file or folder name; the held-back combinations only in ledger-combos)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,24 +28,23 @@ from curate.admission import (
 )
 from curate.config import DecontamConfig
 from tasks.factory.draft import MalformedProposal, parse_proposal, write_folder
-from tasks.factory.ledger import GUEST, ledger_draft, ledger_drafts
+from tasks.factory.ledger import GUEST, HELD_COMBOS, SEEN_COMBOS, ledger_draft, ledger_drafts, ledger_suite_drafts
 from tasks.harbor import load_harbor
 
 GUEST_CHECK = GUEST / "ledger_check.py"
 
 
-def _on_host(draft, tmp: Path) -> tuple[Path, dict, dict]:
-    """The draft's files under tmp (its /app), with params and expected pointed there."""
+def _on_host(draft, tmp: Path) -> tuple[Path, Path, dict]:
+    """The draft's files under tmp (its /app), its solve.sh and expected output with their /app paths pointed there."""
     app = tmp / "app"
     for rel, text in draft.files.items():
         (app / rel).parent.mkdir(parents=True, exist_ok=True)
         (app / rel).write_text(text)
-    params = json.loads(draft.solution["params.json"])
     expected = json.loads(draft.tests["expected.json"])
-    params["folder"] = params["folder"].replace("/app", str(app), 1)
-    params["output"] = expected["output"] = params["output"].replace("/app", str(app), 1)
-    (tmp / "params.json").write_text(json.dumps(params))
-    return app, params, expected
+    expected["output"] = expected["output"].replace("/app", str(app), 1)
+    solve = tmp / "solve.sh"
+    solve.write_text(draft.solution["solve.sh"].replace('"/app/', f'"{app}/'))
+    return app, solve, expected
 
 
 def _guest(name: str):
@@ -70,14 +71,15 @@ def test_the_family_is_deterministic_and_varied():
 
 
 def test_the_oracle_passes_the_check_and_every_perturbation_fails_it(tmp_path, monkeypatch):
-    solve, perturb = _guest("ledger_solve"), _guest("perturb")
+    perturb = _guest("perturb")
     monkeypatch.setattr(perturb, "STATE", str(tmp_path / "state.json"))
     monkeypatch.setattr(perturb, "SAVED", str(tmp_path / "saved"))
-    for i in range(12):
-        d = ledger_draft(5, i)
-        app, _, expected = _on_host(d, tmp_path / str(i))
+    drafts = [ledger_draft(5, i) for i in range(12)]
+    drafts += [d for split in ("train", "heldout", "combos") for d in ledger_suite_drafts(4, split=split, seed=5)]
+    for i, d in enumerate(drafts):
+        app, solve, expected = _on_host(d, tmp_path / str(i))
         assert perturb.main(["perturb.py", "snapshot", str(app)]) == 0
-        assert solve.main(["ledger_solve.py", str(tmp_path / str(i) / "params.json")]) == 0
+        assert subprocess.run(["bash", str(solve)], capture_output=True, check=False).returncode == 0
         assert _check(expected) is None, (i, d.instruction)
         assert perturb.main(["perturb.py", "save", str(app)]) == 0
         for kind in ("wrong_value", "missing_file", "partial_work"):
@@ -87,6 +89,39 @@ def test_the_oracle_passes_the_check_and_every_perturbation_fails_it(tmp_path, m
     assert perturb.main(["perturb.py", "snapshot", str(app)]) == 0
     shutil.rmtree(tmp_path / "saved")
     assert perturb.main(["perturb.py", "wrong_value", str(app)]) == 3
+
+
+def _names(d) -> set[str]:
+    """The file and folder names a draft uses: its folders, file stems (without their numbers), output path parts."""
+    out = set()
+    for rel in d.files:
+        *folders, file = rel.split("/")
+        out |= set(folders) | {file.rsplit("-", 1)[0]}
+    output = json.loads(d.tests["expected.json"])["output"].split("/")
+    return out | {output[-2], output[-1].rsplit(".", 1)[0]}
+
+
+def test_the_suites_split_names_and_hold_back_combinations():
+    from tasks.suites import load_suite
+
+    train = ledger_suite_drafts(300, split="train", seed=0)
+    held = ledger_suite_drafts(100, split="heldout", seed=0)
+    combos = ledger_suite_drafts(60, split="combos", seed=0)
+    assert ledger_suite_drafts(5, split="heldout", seed=0) == held[:5]  # task i depends on (split, seed, i) only
+    seen = set().union(*map(_names, train))
+    assert not seen & set().union(*map(_names, held + combos)) - {"README.txt", "notes.md", "old.csv.bak",
+                                                                    "manifest.json", "summary.tsv"}
+    knobs = [tuple(d.metadata[k] for k in ("aggregate", "group_by", "format")) for d in train + held]
+    assert set(knobs) <= set(SEEN_COMBOS) and len(set(knobs)) == len(SEEN_COMBOS)
+    assert {tuple(d.metadata[k] for k in ("aggregate", "group_by", "format")) for d in combos} == set(HELD_COMBOS)
+    assert {d.metadata["split"] for d in train} == {"train"} and {d.metadata["split"] for d in held + combos} == \
+        {"heldout"}
+    assert len({d.instruction for d in train + held + combos}) == 460
+    with pytest.raises(ValueError, match="held-out tasks only"):
+        load_suite("ledger-combos", 3, split="train")
+    assert load_suite("ledger-combos", 0, split="train") == []  # a schedule step that is only scored
+    with pytest.raises(ValueError, match="splits train and heldout"):
+        load_suite("ledger", 3, split="test")
 
 
 def test_the_family_never_leaks_its_answer_or_test():

@@ -1,8 +1,9 @@
 """SFT and GRPO on multi-turn episodes of the Harbor and BFCL formats: tiny models, the rows checked.
 
 Harbor (Docker): the reference episode of a shipped task (a shell call, then a closing message) through the real
-loop, in a container of the task's own image, graded by its test.sh in a fresh one; SFT on it; then one GRPO step
-whose generations play the task in containers of its image, are graded the same way and land as rows.
+loop, in a container of the task's own image, graded by its test.sh in a fresh one; SFT on it; then two GRPO steps
+whose generations play the task in containers of its image (the second step's in the first's, reset:
+grpo.harbor_reuse), are graded the same way and land as rows.
 BFCL: reference episodes of BFCL multi-turn entries (every user turn) as SFT examples: every assistant turn
 carries loss, the later user turns and the tool outputs do not, and what max_length cuts is counted; then a GRPO
 step whose rollouts get each later user turn after a reply without a call, their calls run against the task's API
@@ -60,13 +61,19 @@ def test_harbor_sft_then_a_grpo_step_plays_the_task_in_its_image_and_every_gener
         assert sft.losses[-1] < 0.05, sft.losses
 
         lake = tmp_path / "lake"
-        cfg = GRPOConfig(max_steps=1, num_generations=4, prompts_per_step=1, max_completion_length=64,
+        cfg = GRPOConfig(max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=64,
                          max_tool_calling_iterations=2, learning_rate=1e-4, temperature=0.7, seed=3)
         res = train_grpo(sft.checkpoint_path, [task], tmp_path / "grpo", cfg, backend=docker, progress=False,
                          episode_log=EpisodeLog(str(lake), "harbor-grpo", 1, policy="grpo-r1"))
-    assert res.steps == 1 and res.episodes == 4 and res.rows_written == 4
+    assert res.steps == 2 and res.episodes == 4 and res.rows_written == 4
     got = _lake_rows(lake)
-    assert len(got) == 4 and {r.task_id for r in got} == {task.id} and len({r.group_id for r in got}) == 1
+    assert len(got) == 4 and {r.task_id for r in got} == {task.id} and len({r.group_id for r in got}) == 2
+    # every generation that called a tool had a container: a new one, or (grpo.harbor_reuse) one of the first
+    # step's, reset; none failed its reset (the tool calls change /app alone)
+    played = {g: sum(1 for r in got if r.group_id == g and r.n_tool_calls) for g in {r.group_id for r in got}}
+    c = res.task_containers
+    assert c["started"] + c["reused"] == sum(played.values()) and c["reset_failed"] == 0, (c, played)
+    assert c["reused"] >= (1 if all(played.values()) else 0), (c, played)
     # the student learnt the call SFT showed it, which it reproduces only if GRPO's prompt lists the tools in the
     # order SFT's did (TRL lists them alphabetically: training.environment.show_task_schemas)
     assert sum(r.verdict == "pass" for r in got) == res.verdicts["pass"] >= 2, [r.verdict for r in got]
