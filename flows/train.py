@@ -43,8 +43,8 @@ def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
                          experts=t.experts, experts_per_token=t.experts_per_token)
         with gpu_slot(cfg.limits):
             warm = warm_up_copying(path, [task.prompt for task in corpus_tasks], steps=t.copy_warmup_steps,
-                                   learning_rate=t.copy_warmup_learning_rate, seed=t.seed, threads=cfg.sft.threads,
-                                   progress=True)
+                                   learning_rate=t.copy_warmup_learning_rate, batch_size=t.copy_warmup_batch_size,
+                                   seed=t.seed, threads=cfg.sft.threads, progress=True)
         if warm.steps:
             metrics["copy_warmup_steps"] = warm.steps
             metrics["copy_warmup_loss"] = round(warm.final_loss, 4)

@@ -4,8 +4,9 @@
   files>`, so a folder that did not change is never built twice (and tasks with identical environments share one
   image). Nothing is pulled: every `FROM` base must already be in the local engine; one that is not is a
   SandboxUnavailable naming the base and the fix, raised before `docker build` runs. The build itself is
-  `nice docker build --network none --pull=false`. The image must run `python3` (the sandbox's PID 1, file writes
-  and cleanup need it): checked once after a build.
+  `nice docker build --network none --pull=false`, one at a time per tag on this host (a file lock: a second
+  process asking for the same image waits for the first build, then reuses it). The image must run `python3` (the
+  sandbox's PID 1, file writes and cleanup need it): checked once after a build.
 - `TaskEnvBackend(config, image=...)`: the Docker backend (sandbox/docker.py: the exec/timeout/capture machinery)
   with containers from that image, run as the image's user (or the task's) in the image's working directory (or the
   task's), with a writable root filesystem (a task's agent installs and edits files anywhere, as Harbor agents do),
@@ -31,6 +32,7 @@ This module knows nothing of task formats or rewards (tasks/harbor.py does).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import logging
@@ -39,6 +41,7 @@ import re
 import shlex
 import subprocess
 import tarfile
+import tempfile
 import time
 from pathlib import Path, PurePosixPath
 
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_REPO = "flywheel-env"
 HASH_LABEL = "flywheel.env.hash"
+BUILD_LOCKS = Path(tempfile.gettempdir()) / "flywheel-build-locks"  # one lock file per image tag being built
 KEEP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 MAX_STATE_BYTES = 256 * 1024 * 1024  # a state path larger than this is not copied (the verifier fails closed)
 # the reset's one root command: remove the changed reset paths (its arguments), empty the tmpfs folders that
@@ -142,6 +146,17 @@ def build_env_image(env_dir: str | Path, *, name: str, timeout_s: float = 600.0,
     client = client or docker_client(timeout=300)
     if image_id(tag, client) is not None:
         return tag
+    # one build per tag on this host: a second process (the flywheel's teacher running ahead, loading the same
+    # tasks) waits for the first and then finds the image
+    BUILD_LOCKS.mkdir(parents=True, exist_ok=True)
+    with open(BUILD_LOCKS / f"{tag.split(':')[1]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if image_id(tag, client) is not None:
+            return tag
+        return _build(env, dockerfile, tag, name=name, timeout_s=timeout_s, client=client)
+
+
+def _build(env: Path, dockerfile: Path, tag: str, *, name: str, timeout_s: float, client) -> str:
     try:
         bases = dockerfile_bases(dockerfile.read_text(encoding="utf-8", errors="replace"))
     except ValueError as e:

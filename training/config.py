@@ -39,6 +39,8 @@ class TinyModelConfig(BaseModel):
                                    "every pretrained model can; it never shows a chat turn or a tool call (the base "
                                    "still scores 0%). 400 steps (~50 s on one core) remove the ~1,000-step loss "
                                    "plateau of SFT; 0 keeps the random weights.")
+    copy_warmup_batch_size: int = Field(default=32, gt=0, description="Prompts per copy warm-up step (each echoed "
+                                        "once); a step costs in proportion to it and to the prompts' length.")
     copy_warmup_learning_rate: float = Field(default=COPY_WARMUP_LEARNING_RATE, gt=0, description="Peak learning "
                                              "rate of the copy warm-up (AdamW; a 30-step linear ramp, then "
                                              "constant).")
