@@ -11,9 +11,9 @@ writes a task with some of the family's KNOBS fixed (the aggregate, the grouping
 task's difficulty) and everything else new: how the flywheel's synthesize stage asks for tasks near the ones its
 student fails (curate/frontier.py).
 `ledger_suite_drafts(n, split=..., seed=...)` draws the built-in suites' tasks (tasks/factory/suite.py): every
-folder, subfolder, file stem, output folder and file name coined afresh per task from syllables, train and held-out
-names disjoint by rule (`coined_names`; column names and key values are the family's schema and shared), and the
-aggregate x grouping x format combinations of HELD_COMBOS only in the `combos` split, never in train.
+folder, subfolder, file stem, output folder and file name, the key and value columns and the key's values coined
+afresh per task from syllables, train and held-out names disjoint by rule (`coined_names`), and the aggregate x
+grouping x format combinations of HELD_COMBOS only in the `combos` split, never in train.
 The oracle (guest/ledger_solve.py, one short program that solve.sh runs with the task's values; `solve_script`)
 and the check (guest/ledger_check.py, with the expected output in tests/expected.json, never in the instruction)
 are real modules, copied into each folder with test.sh. This module writes no folder (tasks/factory/draft.py does)
@@ -95,16 +95,19 @@ KNOBS = {"aggregate": AGGREGATES, "group_by": ["file", "folder"], "format": FORM
 
 @dataclass(frozen=True)
 class Names:
-    """The vocabularies a task's file and folder names are drawn from."""
+    """The vocabularies a task's names are drawn from: file and folder names, and its columns (the key column with
+    its values, the value column with its range)."""
 
     roots: list[str]
     subs: list[str]
     stems: list[str]
     out_dirs: list[str]
     out_names: list[str]
+    keys: dict[str, list[str]]
+    values: dict[str, tuple[int, int]]
 
 
-ALL_NAMES = Names(ROOTS, SUBS, STEMS, OUT_DIRS, OUT_NAMES)  # ledger_draft / ledger_near: the whole family
+ALL_NAMES = Names(ROOTS, SUBS, STEMS, OUT_DIRS, OUT_NAMES, KEYS, VALUES)  # ledger_draft / ledger_near
 # the built-in suites coin every file and folder name from these syllables (2-3 of them), a fresh set per task, so
 # that a student must read each name from the instruction; a coined name is a train name when its crc32 is even,
 # a held-out one when it is odd: the splits never share one
@@ -112,15 +115,16 @@ SYLLABLES = ["ba", "ke", "lo", "mi", "nu", "ra", "so", "ti", "vo", "za", "de", "
 
 
 def coined_names(rng: random.Random, split: str) -> Names:
-    """A fresh set of names for one task of the `split` (train | heldout): 1 root, 4 subfolders, 12 file stems,
-    1 output folder and 1 output name, distinct."""
+    """A fresh set of names for one task of the `split` (train | heldout), all distinct: 1 root, 4 subfolders, 12
+    file stems, 1 output folder, 1 output name, a key column with 6 values and a value column (values 1-99)."""
     parity = 0 if split == "train" else 1
     words: list[str] = []
-    while len(words) < 19:
+    while len(words) < 27:
         w = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
         if zlib.crc32(w.encode()) % 2 == parity and w not in words:
             words.append(w)
-    return Names(words[:1], words[1:5], words[5:17], words[17:18], words[18:19])
+    return Names(words[:1], words[1:5], words[5:17], words[17:18], words[18:19], {words[19]: words[20:26]},
+                 {words[26]: (1, 99)})
 
 
 # (aggregate, group_by, format) never drawn for train or held-out tasks: the `combos` split holds only these, so it
@@ -135,9 +139,8 @@ def _guest(name: str) -> str:
     return (GUEST / name).read_text()
 
 
-def _value(rng: random.Random, col: str) -> str:
-    lo, hi = VALUES[col]
-    return str(rng.randint(lo, hi))
+def _value(rng: random.Random, span: tuple[int, int]) -> str:
+    return str(rng.randint(*span))
 
 
 def ledger_draft(seed: int, index: int) -> TaskDraft:
@@ -204,10 +207,10 @@ def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[
     knobs = knobs or {}
     root = rng.choice(names.roots)
     delim, delim_name = rng.choice([(",", ","), (";", ";"), ("|", "|")])
-    key = rng.choice(sorted(KEYS))
-    key_values = KEYS[key]
+    key = rng.choice(sorted(names.keys))
+    key_values = names.keys[key]
     target = rng.choice(key_values)
-    col = rng.choice(sorted(VALUES))
+    col = rng.choice(sorted(names.values))
     agg = knobs.get("aggregate", rng.choice(AGGREGATES))
     group_by = knobs.get("group_by", rng.choice(["file", "folder"]))
     fmt = knobs.get("format", rng.choice(FORMATS))
@@ -222,7 +225,7 @@ def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[
             stem = f"{stems.pop()}-{rng.randint(1, 99)}"
             rows = []
             for _ in range(rng.randint(4, 12)):
-                cells = {"id": str(rng.randint(1000, 9999)), key: rng.choice(key_values), col: _value(rng, col)}
+                cells = {"id": str(rng.randint(1000, 9999)), key: rng.choice(key_values), col: _value(rng, names.values[col])}
                 for extra in columns:
                     cells.setdefault(extra, rng.choice(["x", "ok", "n/a", "tbd", "see-ref"]) + str(rng.randint(1, 9)))
                 rows.append(delim.join(cells[c] for c in columns))
