@@ -108,9 +108,9 @@ class Names:
 
 
 ALL_NAMES = Names(ROOTS, SUBS, STEMS, OUT_DIRS, OUT_NAMES, KEYS, VALUES)  # ledger_draft / ledger_near
-# the built-in suites coin every file and folder name from these syllables (2-3 of them), a fresh set per task, so
-# that a student must read each name from the instruction; a coined name is a train name when its crc32 is even,
-# a held-out one when it is odd: the splits never share one
+# the built-in suites coin every name (files, folders, columns, key values) from these syllables (2-3 of them), a
+# fresh set per task, so that a student must read each name from the instruction; a coined name is a train name
+# when its crc32 is even, a held-out one when it is odd: the splits never share one
 SYLLABLES = ["ba", "ke", "lo", "mi", "nu", "ra", "so", "ti", "vo", "za", "de", "fu", "ga", "pe", "ru", "xi"]
 
 

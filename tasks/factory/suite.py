@@ -5,8 +5,8 @@
 ~/.cache/flywheel/tasks; one subfolder per suite, split, seed and version of the family's code, each task folder
 written whole or not at all and reused when present), loads them with tasks/harbor.py (their images built, or
 reused when present: SandboxUnavailable without Docker) and returns them as Tasks of that suite.
-`ledger`'s held-out tasks share no file or folder name with its train tasks; `ledger-combos` scores combinations of
-steps (aggregate x grouping x format) never seen together in training and has no train split.
+`ledger`'s held-out tasks share no name (file, folder, column, key value) with its train tasks; `ledger-combos` scores
+combinations of steps (aggregate x grouping x format) never seen together in training and has no train split.
 This module does not judge or admit anything: the family's oracle and check are tested (tests/tasks/test_factory.py).
 """
 

@@ -2,12 +2,13 @@
 and never leak into the instruction), the perturbed oracles spoil what the oracle wrote (each fails the check),
 the atomic folder writer, the writers' strict schema, the leak rules, and the decontamination rules as a duplicate
 and held-out-copy test (a copy is caught, the family's own variety is not); the built-in ledger suites' splits
-(train and held-out tasks share no file or folder name; the held-back combinations only in ledger-combos)."""
+(train and held-out tasks share no coined name; the held-back combinations only in ledger-combos)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -92,8 +93,9 @@ def test_the_oracle_passes_the_check_and_every_perturbation_fails_it(tmp_path, m
 
 
 def _names(d) -> set[str]:
-    """The file and folder names a draft uses: its folders, file stems (without their numbers), output path parts."""
-    out = set()
+    """The names a draft uses: its folders, file stems (without their numbers), output path parts, and the key
+    column, key value and value column its instruction names."""
+    out = set(re.findall(r"`([a-z]+)`", d.instruction))
     for rel in d.files:
         *folders, file = rel.split("/")
         out |= set(folders) | {file.rsplit("-", 1)[0]}
