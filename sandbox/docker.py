@@ -435,8 +435,8 @@ class DockerBackend:
             PoolDriver(start=lambda ahead: self._create(prestart=ahead or self.reuse), reset=self._reset,
                        alive=self._alive, discard=self._discard, reused=lambda box: box.episodes > 0,
                        name=lambda box: box.id[:12]),
-            PoolSettings(label="docker sandbox", size=self.pool_size,
-                         fillers=max(min(self.pool_size, FILL_THREADS), reset_threads if self.reuse else 0),
+            PoolSettings(label="docker sandbox", size=self.pool_size, fillers=min(self.pool_size, FILL_THREADS),
+                         reset_threads=reset_threads,
                          reuse=self.reuse, spare=REUSE_SPARE, max_in_use=max_sandboxes,
                          acquire_timeout_s=acquire_timeout_s))
         self.stats = self._pool.stats

@@ -51,6 +51,7 @@ class PoolSettings:
     label: str  # "docker sandbox", "local sandbox": the start of its log lines
     size: int = 2  # sandboxes kept ready (0: no filler thread, every take() starts or resets one)
     fillers: int = 1  # threads that start and reset sandboxes in the background
+    reset_threads: int = 0  # with size 0 and reuse: threads that only reset (0: the closer resets, synchronously)
     reuse: bool = False
     spare: int | None = None  # with reuse: at most this many beyond those in use (None: no such limit)
     max_in_use: int = 64
@@ -80,9 +81,11 @@ class WarmPool(Generic[T]):
 
     def start_fillers(self) -> None:
         """Start the background threads (call once the driver is ready to start sandboxes)."""
-        if self.settings.size or (self.settings.reuse and self.settings.fillers):  # the latter only reset
-            self._fillers = [threading.Thread(target=self._fill_loop, name=f"{self.settings.label}-pool-{i}",
-                                              daemon=True) for i in range(max(1, self.settings.fillers))]
+        s = self.settings
+        n = max(1, s.fillers) if s.size else (s.reset_threads if s.reuse else 0)
+        if n:
+            self._fillers = [threading.Thread(target=self._fill_loop, name=f"{s.label}-pool-{i}", daemon=True)
+                             for i in range(n)]
             for t in self._fillers:
                 t.start()
 
