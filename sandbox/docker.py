@@ -98,6 +98,8 @@ log = logging.getLogger(__name__)
 
 CREATE_TRIES = 3
 FILL_THREADS = 3  # containers the pool creates at once
+HOST_CANNOT_RESET = ("the host cannot reset this container (it needs root and the container's cgroup on this "
+                     "host); fix: run as root next to the engine, or set sandbox.reuse=false")
 REUSE_SPARE = 2  # with reuse, containers the pool starts beyond those in use (a reset takes a few ms)
 
 
@@ -534,8 +536,7 @@ class DockerBackend:
         else why not."""
         cg = box.cgroup
         if os.geteuid() != 0 or not box.pid1 or box.baseline is None or not cg.resettable:
-            return ("the host cannot reset this container (it needs root and the container's cgroup on this host); "
-                    "fix: run as root next to the engine, or set sandbox.reuse=false")
+            return HOST_CANNOT_RESET
         it, box.interp = box.interp, None
         try:
             if it is not None and it.keeper and box.keeper and it.client.alive and not it.client.gone():

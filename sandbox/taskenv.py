@@ -47,7 +47,7 @@ from pathlib import Path, PurePosixPath
 
 from sandbox import programs
 from sandbox.cgroup import Cgroup
-from sandbox.docker import DockerBackend, DockerSandbox, _Container, attach_and_start
+from sandbox.docker import HOST_CANNOT_RESET, DockerBackend, DockerSandbox, _Container, attach_and_start
 from sandbox.dockerexec import is_infra
 from sandbox.engine import BACKEND_LABEL, LABEL, OWNER_LABEL, docker_client, image_id
 from sandbox.result import SandboxConfig, SandboxError, SandboxUnavailable
@@ -267,8 +267,7 @@ class TaskEnvBackend(DockerBackend):
         """Make a used container as the image made it (see the module docstring); None when done, else why not."""
         cg = box.cgroup
         if os.geteuid() != 0 or not box.pid1 or self._pristine is None or not cg.resettable:
-            return ("the host cannot reset this container (it needs root and the container's cgroup on this host); "
-                    "fix: run as root next to the engine, or set sandbox.reuse=false")
+            return HOST_CANNOT_RESET
         it, box.interp = box.interp, None
         if it is not None:
             it.stream.close()

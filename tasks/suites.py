@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from tasks import arithmetic, code, mathword
+from tasks.factory.suite import SUITES as LEDGER_SUITES
 from tasks.spec import Task
 
 
@@ -72,7 +73,7 @@ def load_suite(name: str, n: int, split: str = "train", seed: int = 0, difficult
         from tasks.openenv import load_openenv
 
         return load_openenv(name, n, split=split, seed=seed)
-    if name in ("ledger", "ledger-combos"):
+    if name in LEDGER_SUITES:
         from tasks.factory.suite import ledger_tasks
 
         return ledger_tasks(n, split=split, seed=seed, suite=name)
@@ -150,7 +151,7 @@ def check_suite(name: str, split: str | None = None, n: int | None = None) -> No
 
         load_openenv(name, 1, split=split or "train")  # reachable, an action schema, a reset that answers
         return
-    if name in ("ledger", "ledger-combos"):
+    if name in LEDGER_SUITES:
         from tasks.factory.suite import check_ledger
 
         check_ledger(name, split)

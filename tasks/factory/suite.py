@@ -20,7 +20,7 @@ from tasks.factory.draft import write_folder
 from tasks.factory.ledger import GUEST, ledger_suite_drafts
 from tasks.spec import Task
 
-SUITES = {"ledger": ("train", "heldout"), "ledger-combos": ("combos",)}  # suite -> the ledger splits it serves
+SUITES = ("ledger", "ledger-combos")  # the built-in suites of the family (tasks/suites.py dispatches them here)
 
 
 def cache_root() -> Path:
