@@ -1,0 +1,122 @@
+"""Can the tiny shell student copy what it reads? Echo accuracy of its base on train and held-out ledger prompts.
+
+The shell flywheel's student (configs/shell.toml) must copy names it has never seen (a folder, a key column, a key
+value, a value column, an output path: coined per task, tasks/factory/ledger.py) from the instruction into its one
+shell call. Round 1 scores 0% held-out because it does not: it writes names it memorised (README, "The shell
+flywheel"). Copying is what the base's copy warm-up (training/warmup.py) is for, so this measures it directly,
+without Docker, SFT or a flywheel run (minutes instead of 25): the base is built as the flywheel's base stage builds
+it (the config's student.tiny settings, the tokenizer trained on the first --n train tasks' reference episodes, the
+warm-up on their prompts), once per warm-up step count in --steps (the first is the baseline), and each is scored by
+teacher-forced echo, `<|im_start|>P<|im_end|>P<|im_end|>` with the argmax of every token of the second P compared:
+per prompt, all tokens right (exact), the share of tokens right, and the share of its backticked spans (the names,
+the delimiter, `.csv` and the format's) with every token right, on 40 train prompts (echoed in the warm-up) and on
+the 40 held-out prompts of the suite (names never seen). A base that copies scores the same on both; one that
+memorised its prompts scores far lower held-out. Table printed, JSON to --out. Trains nothing it keeps (--work).
+
+    .venv/bin/python benchmarks/copy_skill.py --config configs/shell.toml --steps 0 400 1600
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)  # benchmarks/sandbox.py would shadow the package
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+N_SCORED = 40
+
+
+def echo_scores(model_dir: Path, prompts: list[str]) -> dict[str, float]:
+    """Teacher-forced echo of each prompt: exact (every token), token share, span share (backticked spans)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    vocab = tok.get_vocab()
+    start, end = vocab["<|im_start|>"], vocab["<|im_end|>"]
+    exact = tokens = spans_ok = spans = 0.0
+    for p in prompts:
+        enc = tok(p, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        seq = torch.tensor([[start, *ids, end, *ids, end]])
+        with torch.no_grad():
+            pred = model(input_ids=seq).logits[0].argmax(-1)
+        right = (seq[0, len(ids) + 2:-1] == pred[len(ids) + 1:-2]).tolist()
+        exact += all(right)
+        tokens += sum(right) / len(right)
+        for m in re.finditer(r"`([^`]+)`", p):
+            inside = [k for k, (a, b) in enumerate(offsets) if a < m.end(1) and b > m.start(1)]
+            spans_ok += all(right[k] for k in inside)
+            spans += 1
+    n = len(prompts)
+    return {"exact": round(exact / n, 3), "tokens": round(tokens / n, 4), "spans": round(spans_ok / max(spans, 1), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/shell.toml", help="the run config whose student.tiny is measured")
+    ap.add_argument("--n", type=int, default=300, help="train tasks: the tokenizer's corpus and the echoed prompts")
+    ap.add_argument("--steps", type=int, nargs="+", default=[0, 400], help="copy warm-up steps, the baseline first")
+    ap.add_argument("--work", default="/tmp/flywheel-copy-skill", help="folder for the tasks and the bases")
+    ap.add_argument("--out", default="/tmp/flywheel-copy-skill.json")
+    args = ap.parse_args()
+
+    from flows.config import load_config
+    from tasks.factory.draft import write_folder
+    from tasks.factory.ledger import ledger_suite_drafts
+    from tasks.harbor import load_harbor
+    from training.tiny import build_tiny_model, task_corpus
+    from training.warmup import warm_up_copying
+
+    cfg = load_config(args.config)
+    t = cfg.student.tiny
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+
+    def tasks(n: int, split: str) -> list:
+        out = []
+        for d in ledger_suite_drafts(n, split=split, seed=cfg.run.seed):
+            out += load_harbor(write_folder(d, work / "tasks" / split / d.name))
+        return out
+
+    train, held = tasks(args.n, "train"), tasks(N_SCORED, "heldout")
+    corpus = task_corpus(train, family=cfg.student.base)
+    results = []
+    for steps in args.steps:
+        base = work / f"base-{steps}"
+        build_tiny_model(base, corpus, family=cfg.student.base, hidden=t.hidden, layers=t.layers, heads=t.heads,
+                         kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed, experts=t.experts,
+                         experts_per_token=t.experts_per_token)
+        t0 = time.perf_counter()
+        warm = warm_up_copying(base, [x.prompt for x in train], steps=steps, learning_rate=t.copy_warmup_learning_rate,
+                               batch_size=t.copy_warmup_batch_size, seed=t.seed, threads=cfg.sft.threads)
+        results.append({"warmup_steps": steps, "batch_size": t.copy_warmup_batch_size,
+                        "echo_loss": round(warm.final_loss, 4) if steps else None,
+                        "wall_s": round(time.perf_counter() - t0, 1),
+                        "train": echo_scores(base, [x.prompt for x in train[:N_SCORED]]),
+                        "heldout": echo_scores(base, [x.prompt for x in held])})
+        print(json.dumps(results[-1]), flush=True)
+    print(f"\nteacher-forced echo, {args.n} train tasks, {min(args.n, N_SCORED)} train and {N_SCORED} held-out prompts ({args.config}, family "
+          f"{cfg.student.base}):")
+    print(f"{'warm-up steps':>13} {'echo loss':>9} {'wall s':>7} | {'train exact':>11} {'tokens':>6} {'spans':>5} | "
+          f"{'held-out exact':>14} {'tokens':>6} {'spans':>5}")
+    for r in results:
+        loss = "-" if r["echo_loss"] is None else f"{r['echo_loss']:.3f}"
+        a, b = r["train"], r["heldout"]
+        print(f"{r['warmup_steps']:>13} {loss:>9} {r['wall_s']:>7} | {a['exact']:>11} {a['tokens']:>6} {a['spans']:>5} | "
+              f"{b['exact']:>14} {b['tokens']:>6} {b['spans']:>5}")
+    Path(args.out).write_text(json.dumps({"config": args.config, "n_train": args.n, "results": results}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
