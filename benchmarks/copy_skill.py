@@ -7,7 +7,7 @@ flywheel"). Copying is what the base's copy warm-up (training/warmup.py) is for,
 without Docker, SFT or a flywheel run (minutes instead of 25): the base is built as the flywheel's base stage builds
 it (the config's student.tiny settings, the tokenizer trained on the first --n train tasks' reference episodes, the
 warm-up on their prompts), once per warm-up step count in --steps (the first is the baseline), and each is scored by
-teacher-forced echo, `<|im_start|>P<|im_end|>P<|im_end|>` with the argmax of every token of the second P compared:
+teacher-forced echo, `<|im_start|>P<|im_end|>P<|im_end|>` (the family's turn markers) with the argmax of every token of the second P compared:
 per prompt, all tokens right (exact), the share of tokens right, and the share of its backticked spans (the names,
 the delimiter, `.csv` and the format's) with every token right, on 40 train prompts (echoed in the warm-up) and on
 the 40 held-out prompts of the suite (names never seen). A base that copies scores the same on both; one that
@@ -39,10 +39,11 @@ def echo_scores(model_dir: Path, prompts: list[str]) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from training.warmup import echo_markers
+
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
-    vocab = tok.get_vocab()
-    start, end = vocab["<|im_start|>"], vocab["<|im_end|>"]
+    start, end = echo_markers(tok)
     exact = tokens = spans_ok = spans = 0.0
     for p in prompts:
         enc = tok(p, add_special_tokens=False, return_offsets_mapping=True)
@@ -66,14 +67,12 @@ def main() -> None:
     ap.add_argument("--config", default="configs/shell.toml", help="the run config whose student.tiny is measured")
     ap.add_argument("--n", type=int, default=300, help="train tasks: the tokenizer's corpus and the echoed prompts")
     ap.add_argument("--steps", type=int, nargs="+", default=[0, 400], help="copy warm-up steps, the baseline first")
-    ap.add_argument("--work", default="/tmp/flywheel-copy-skill", help="folder for the tasks and the bases")
+    ap.add_argument("--work", default="/tmp/flywheel-copy-skill", help="folder for the bases")
     ap.add_argument("--out", default="/tmp/flywheel-copy-skill.json")
     args = ap.parse_args()
 
     from flows.config import load_config
-    from tasks.factory.draft import write_folder
-    from tasks.factory.ledger import ledger_suite_drafts
-    from tasks.harbor import load_harbor
+    from tasks.factory.suite import ledger_tasks
     from training.tiny import build_tiny_model, task_corpus
     from training.warmup import warm_up_copying
 
@@ -81,14 +80,9 @@ def main() -> None:
     t = cfg.student.tiny
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
-
-    def tasks(n: int, split: str) -> list:
-        out = []
-        for d in ledger_suite_drafts(n, split=split, seed=cfg.run.seed):
-            out += load_harbor(write_folder(d, work / "tasks" / split / d.name))
-        return out
-
-    train, held = tasks(args.n, "train"), tasks(N_SCORED, "heldout")
+    # the suite's own task folders (its cache, as a run loads them), without their images
+    train = ledger_tasks(args.n, split="train", seed=cfg.run.seed, build=False)
+    held = ledger_tasks(N_SCORED, split="heldout", seed=cfg.run.seed, build=False)
     corpus = task_corpus(train, family=cfg.student.base)
     results = []
     for steps in args.steps:
@@ -105,8 +99,8 @@ def main() -> None:
                         "train": echo_scores(base, [x.prompt for x in train[:N_SCORED]]),
                         "heldout": echo_scores(base, [x.prompt for x in held])})
         print(json.dumps(results[-1]), flush=True)
-    print(f"\nteacher-forced echo, {args.n} train tasks, {min(args.n, N_SCORED)} train and {N_SCORED} held-out prompts ({args.config}, family "
-          f"{cfg.student.base}):")
+    print(f"\nteacher-forced echo, {args.n} train tasks, {min(args.n, N_SCORED)} train and {N_SCORED} held-out "
+          f"prompts ({args.config}, family {cfg.student.base}):")
     print(f"{'warm-up steps':>13} {'echo loss':>9} {'wall s':>7} | {'train exact':>11} {'tokens':>6} {'spans':>5} | "
           f"{'held-out exact':>14} {'tokens':>6} {'spans':>5}")
     for r in results:

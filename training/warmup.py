@@ -76,9 +76,7 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int,
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    vocab = tok.get_vocab()  # the turn markers of the family: Qwen's, else harmony's (GPT-OSS)
-    start, end = (vocab["<|im_start|>"], vocab["<|im_end|>"]) if "<|im_start|>" in vocab else (vocab["<|start|>"],
-                                                                                                 vocab["<|end|>"])
+    start, end = echo_markers(tok)
     encoded = [tok.encode(t, add_special_tokens=False) for t in texts]
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
@@ -101,6 +99,14 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int,
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.save_pretrained(str(model_dir))
     return WarmupResult(steps=steps, losses=losses, wall_s=time.perf_counter() - t0)
+
+
+def echo_markers(tok) -> tuple[int, int]:
+    """The token ids that open and close an echoed text: the family's turn markers, Qwen's, else harmony's
+    (GPT-OSS)."""
+    vocab = tok.get_vocab()
+    return (vocab["<|im_start|>"], vocab["<|im_end|>"]) if "<|im_start|>" in vocab else (vocab["<|start|>"],
+                                                                                           vocab["<|end|>"])
 
 
 def _padded(rows: list[list[int]], value: int):

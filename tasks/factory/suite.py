@@ -60,8 +60,9 @@ def check_ledger(suite: str, split: str | None = None) -> None:
     docker_client(timeout=30).close()
 
 
-def ledger_tasks(n: int, *, split: str, seed: int = 0, suite: str = "ledger") -> list[Task]:
-    """n tasks of `suite`'s `split` (train | heldout), Harbor tasks with their images built."""
+def ledger_tasks(n: int, *, split: str, seed: int = 0, suite: str = "ledger", build: bool = True) -> list[Task]:
+    """n tasks of `suite`'s `split` (train | heldout), Harbor tasks with their images built (build=False: folders
+    and Tasks only, no Docker)."""
     from tasks.harbor import build_images, load_harbor
 
     if n == 0:  # a schedule step with no train tasks (ledger-combos)
@@ -77,5 +78,6 @@ def ledger_tasks(n: int, *, split: str, seed: int = 0, suite: str = "ledger") ->
             except FileExistsError:  # another process (the teacher ahead) wrote the same folder first
                 pass
         tasks += [t.model_copy(update={"suite": suite}) for t in load_harbor(folder / d.name)]
-    build_images(tasks)
+    if build:
+        build_images(tasks)
     return tasks
