@@ -89,10 +89,11 @@ def main() -> None:
         base = work / f"base-{steps}"
         build_tiny_model(base, corpus, family=cfg.student.base, hidden=t.hidden, layers=t.layers, heads=t.heads,
                          kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed, experts=t.experts,
-                         experts_per_token=t.experts_per_token)
+                         experts_per_token=t.experts_per_token, rare_word_share=t.rare_word_share)
         t0 = time.perf_counter()
         warm = warm_up_copying(base, [x.prompt for x in train], steps=steps, learning_rate=t.copy_warmup_learning_rate,
-                               batch_size=t.copy_warmup_batch_size, seed=t.seed, threads=cfg.sft.threads)
+                               batch_size=t.copy_warmup_batch_size, seed=t.seed, threads=cfg.sft.threads,
+                               rare_word_share=t.rare_word_share)
         results.append({"warmup_steps": steps, "batch_size": t.copy_warmup_batch_size,
                         "echo_loss": round(warm.final_loss, 4) if steps else None,
                         "wall_s": round(time.perf_counter() - t0, 1),

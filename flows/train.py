@@ -40,11 +40,13 @@ def stage_base(cfg: FlywheelConfig, run_id: str) -> dict[str, Any]:
         fam = cfg.student.base
         build_tiny_model(path, task_corpus(corpus_tasks, family=fam), family=fam, hidden=t.hidden, layers=t.layers,
                          heads=t.heads, kv_heads=t.kv_heads, vocab_size=t.vocab_size, seed=t.seed,
-                         experts=t.experts, experts_per_token=t.experts_per_token)
+                         experts=t.experts, experts_per_token=t.experts_per_token,
+                         rare_word_share=t.rare_word_share)
         with gpu_slot(cfg.limits):
             warm = warm_up_copying(path, [task.prompt for task in corpus_tasks], steps=t.copy_warmup_steps,
                                    learning_rate=t.copy_warmup_learning_rate, batch_size=t.copy_warmup_batch_size,
-                                   seed=t.seed, threads=cfg.sft.threads, progress=True)
+                                   seed=t.seed, threads=cfg.sft.threads, rare_word_share=t.rare_word_share,
+                                   progress=True)
         if warm.steps:
             metrics["copy_warmup_steps"] = warm.steps
             metrics["copy_warmup_loss"] = round(warm.final_loss, 4)

@@ -30,6 +30,14 @@ class TinyModelConfig(BaseModel):
     heads: int = Field(default=4, gt=0, description="Attention heads (hidden must divide by it).")
     kv_heads: int = Field(default=2, gt=0, description="Key/value heads (grouped-query attention).")
     vocab_size: int = Field(default=2048, gt=300, description="Target BPE vocabulary size of the corpus tokenizer.")
+    rare_word_share: float = Field(default=0.0, ge=0, lt=1, description="A word in fewer than this share (0-1) of "
+                                   "the train tasks' texts is rare: a name coined for one task, not the wording the "
+                                   "tasks share. The tokenizer learns no merges from rare words, so they spell out "
+                                   "in letters and short common pieces in train and held-out tasks alike, as a "
+                                   "pretrained tokenizer splits a name it never saw; and the copy warm-up echoes "
+                                   "every other prompt with its rare words re-coined in random letters, which only "
+                                   "copying can echo. 0: every word shapes the tokenizer, prompts are echoed as "
+                                   "they are.")
     experts: int = Field(default=4, ge=1, description="Experts per MoE layer (tiny-gptoss only).")
     experts_per_token: int = Field(default=2, ge=1, description="Experts each token is routed to, top-k "
                                    "(tiny-gptoss only; must not exceed experts).")

@@ -169,7 +169,27 @@ def prompt_blocks(corpus: list[str], *, min_count: int = 2, family: str = "tiny"
     return sorted(b for b, c in counts.items() if c >= min_count and len(b) > 16)
 
 
-def _train_tokenizer(corpus: list[str], vocab_size: int, blocks: list[str], fam: Family) -> PreTrainedTokenizerFast:
+def words(text: str) -> list[str]:
+    """`text` cut into words as Qwen2's pre-tokenizer cuts it (a word keeps one leading space or punctuation mark,
+    `/galoza`); joined, they give `text` back."""
+    return [w for w, _ in _WORD_SPLIT.pre_tokenize_str(text)]
+
+
+def rare_words(docs: list[str], share: float) -> set[str]:
+    """The words (`words`) that occur in fewer than `share` of `docs` (0-1): on a task corpus, one text per task,
+    the names coined for one task or a few, not the wording the tasks share."""
+    counts: dict[str, int] = {}
+    for doc in docs:
+        for w in set(words(doc)):
+            counts[w] = counts.get(w, 0) + 1
+    return {w for w, c in counts.items() if c < share * len(docs)}
+
+
+_WORD_SPLIT = pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated")
+
+
+def _train_tokenizer(corpus: list[str], vocab_size: int, blocks: list[str], fam: Family,
+                     rare_word_share: float = 0.0) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(unk_token=None))
     # Exactly Qwen2Tokenizer's normaliser and pre-tokenizer: AutoTokenizer loads any qwen2 model folder as
     # Qwen2Tokenizer, which imposes them, so merges must be learnt under the same split. It puts every digit in a
@@ -188,6 +208,9 @@ def _train_tokenizer(corpus: list[str], vocab_size: int, blocks: list[str], fam:
     # Added tokens are atomic at encode time, so they must be boundaries at training time too.
     cut = re.compile("|".join(re.escape(t) for t in sorted(specials + tags + blocks, key=len, reverse=True)))
     pieces = [p for text in corpus for p in cut.split(text) if p]
+    if rare_word_share:  # merges learnt from the shared wording only: a rare word spells out in common pieces
+        rare = rare_words(corpus, rare_word_share)
+        pieces = [kept for p in pieces if (kept := "".join(w for w in words(p) if w not in rare))]
     tok.train_from_iterator(pieces, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=fam.eos_token, pad_token=specials[0],
@@ -233,14 +256,18 @@ def _config(fam: Family, tokenizer: PreTrainedTokenizerFast, *, hidden: int, lay
 def build_tiny_model(out_dir: str | Path, corpus: list[str], *, family: str = "tiny", hidden: int = 128,
                      layers: int = 4, heads: int = 4, kv_heads: int = 2, intermediate: int | None = None,
                      vocab_size: int = 2048, max_positions: int = 1024, seed: int = 0, compress_prompts: bool = True,
-                     experts: int = 4, experts_per_token: int = 2, sliding_window: int = 128) -> Path:
+                     experts: int = 4, experts_per_token: int = 2, sliding_window: int = 128,
+                     rare_word_share: float = 0.0) -> Path:
     """Train a tokenizer on `corpus`, build a randomly initialised model of `family` (FAMILIES), save both.
 
     `corpus` is text the model will read and write, rendered with the family's template (use
     `task_corpus(tasks, family=...)` for a suite); the chat template's own text and the tool schemas are always
     added. With `compress_prompts`, system blocks that recur in the corpus become single added tokens (see
     `prompt_blocks`). `experts`, `experts_per_token` and `sliding_window` size the GPT-OSS family (ignored by the
-    others). Returns `out_dir` as a Path. Deterministic for the same inputs.
+    others). With `rare_word_share` > 0 the tokenizer learns no merges from the words that occur in fewer than that
+    share of the corpus's texts (`rare_words`; one text per task): a name coined for one task then tokenizes into
+    letters and short common pieces, as an unseen one does. Returns `out_dir` as a Path. Deterministic for the same
+    inputs.
     """
     fam = tiny_family(family)
     if not corpus:
@@ -249,13 +276,15 @@ def build_tiny_model(out_dir: str | Path, corpus: list[str], *, family: str = "t
         raise TinyModelError(f"hidden={hidden} must divide by heads={heads}, heads by kv_heads={kv_heads}")
     if not 1 <= experts_per_token <= experts:
         raise TinyModelError(f"experts_per_token={experts_per_token} must be between 1 and experts={experts}")
+    if not 0 <= rare_word_share < 1:
+        raise TinyModelError(f"rare_word_share={rare_word_share} must be in [0, 1): a share of the corpus's texts")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     skeleton = render_conversations([[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]],
                                     tools=tool_schemas(["python"]), family=family)
     blocks = prompt_blocks(corpus, family=family) if compress_prompts else []
     tokenizer = _train_tokenizer(list(corpus) + skeleton + [json.dumps(tool_schemas(["python"]))], vocab_size,
-                                 blocks, fam)
+                                 blocks, fam, rare_word_share)
     torch.manual_seed(seed)
     config = _config(fam, tokenizer, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
                      intermediate=intermediate, max_positions=max_positions, experts=experts,

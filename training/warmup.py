@@ -27,6 +27,8 @@ trains nothing else (SFT and GRPO: sft.py, grpo.py).
 from __future__ import annotations
 
 import random
+import re
+import string
 import time
 from pathlib import Path
 
@@ -53,15 +55,19 @@ class WarmupResult(BaseModel):
 def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int,
                     learning_rate: float = COPY_WARMUP_LEARNING_RATE,
                     batch_size: int = 32, weight_decay: float = 0.1, seed: int = 0, threads: int | None = 1,
-                    progress: bool = False) -> WarmupResult:
+                    rare_word_share: float = 0.0, progress: bool = False) -> WarmupResult:
     """Train the model in `model_dir` to echo `texts` for `steps` steps and save it back in place.
 
     AdamW with a 30-step linear warm-up then a constant rate, gradient norm clipped to 1. Seeded: the same inputs give
-    the same losses on the same machine. `steps=0` leaves the folder untouched.
+    the same losses on the same machine. `steps=0` leaves the folder untouched. With `rare_word_share` > 0, every
+    other text of a batch is echoed with its rare words (training.tiny.rare_words: in fewer than that share of
+    `texts`) re-coined at random (`recoin`): a fresh name each time, which memorising cannot echo and copying can.
     """
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.tiny import rare_words
 
     if steps < 0 or batch_size < 1:
         raise WarmupError(f"steps must be >= 0 and batch_size >= 1, not steps={steps}, batch_size={batch_size}")
@@ -77,15 +83,18 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int,
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     start, end = echo_markers(tok)
-    encoded = [tok.encode(t, add_special_tokens=False) for t in texts]
     rng = random.Random(seed)
+    rare = rare_words(texts, rare_word_share) if rare_word_share else set()
+    encoded = [tok.encode(t, add_special_tokens=False) for t in texts]
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
     model.train()
     losses: list[float] = []
     bar = tqdm(range(steps), desc="copy warm-up", unit="step", disable=not progress)
     for _ in bar:
-        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+        picks = [rng.randrange(len(texts)) for _ in range(batch_size)]
+        batch = [tok.encode(recoin(texts[i], rare, rng), add_special_tokens=False) if rare and k % 2 else encoded[i]
+                 for k, i in enumerate(picks)]
         seqs = [[start, *e, end, *e, end] for e in batch]
         labels = [[-100] * (len(e) + 2) + [*e, end] for e in batch]
         loss = model(input_ids=_padded(seqs, tok.pad_token_id), attention_mask=_padded([[1] * len(s) for s in seqs], 0),
@@ -99,6 +108,19 @@ def warm_up_copying(model_dir: str | Path, texts: list[str], *, steps: int,
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.save_pretrained(str(model_dir))
     return WarmupResult(steps=steps, losses=losses, wall_s=time.perf_counter() - t0)
+
+
+def recoin(text: str, rare: set[str], rng: random.Random) -> str:
+    """`text` with the letters of each word in `rare` replaced by random ones (case and length kept; the word's
+    leading mark, digits and punctuation kept): the same sentence about names never seen."""
+    from training.tiny import words
+
+    return "".join(_LETTER.sub(lambda m: rng.choice(_UPPER if m[0].isupper() else _LOWER), w) if w in rare else w
+                   for w in words(text))
+
+
+_LETTER = re.compile("[A-Za-z]")
+_LOWER, _UPPER = string.ascii_lowercase, string.ascii_uppercase
 
 
 def echo_markers(tok) -> tuple[int, int]:

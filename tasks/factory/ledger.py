@@ -57,9 +57,11 @@ OPENERS = ["Under `/app/{root}` there are CSV files, some of them in subfolders.
            "The folder `/app/{root}` holds CSV exports spread over several subfolders.",
            "Look through `/app/{root}`: it contains CSV files (and a few other files) in nested folders.",
            "Several CSV files live somewhere below `/app/{root}`."]
-FORMAT_LINES = ["Each CSV file has a header row and uses `{delim_name}` as its delimiter.",
-                "Every CSV file starts with a header line; fields are separated by `{delim_name}`.",
-                "The CSV files have headers, and their separator is `{delim_name}`."]
+# the delimiter is named in words, as people write it; the oracle's program takes the same word
+DELIMITERS = {",": "comma", ";": "semicolon", "|": "pipe"}
+FORMAT_LINES = ["Each CSV file has a header row and uses a {delim_name} as its delimiter.",
+                "Every CSV file starts with a header line; fields are separated by a {delim_name}.",
+                "The CSV files have headers, and their separator is a {delim_name}."]
 TASK_LINES = {
     "sum": ["For the rows whose `{key}` is `{value}`, add up the `{col}` column", ("Take the rows where `{key}` equals "
             "`{value}` and total their `{col}` values"), "Sum `{col}` over the rows with `{key}` = `{value}`"],
@@ -194,6 +196,10 @@ def solve_script(params: dict[str, str]) -> str:
                       if not x.startswith("# ruff:")).lstrip("\n")
     line = next(x for x in program.splitlines() if x.endswith("# PARAMS"))
     names = line.split(" = ", 1)[0]
+    # the delimiter by the name the instruction gives it; a count reads no value column (two of its three wordings
+    # name none), so the oracle writes none either
+    params = {**params, "delimiter": DELIMITERS[params["delimiter"]],
+              "value_column": "" if params["aggregate"] == "count" else params["value_column"]}
     values = [params[k] for k in ("folder", "delimiter", "key_column", "key_value", "value_column", "aggregate",
                                   "group_by", "format", "output")]
     program = program.replace(line, f"{names} = {', '.join(json.dumps(v) for v in values)}")
@@ -206,7 +212,7 @@ def _draft(rng: random.Random, *, name: str, seed: int, index: int, knobs: dict[
     it (the draws themselves are the same with or without knobs, so that ledger_draft's stream never changes)."""
     knobs = knobs or {}
     root = rng.choice(names.roots)
-    delim, delim_name = rng.choice([(",", ","), (";", ";"), ("|", "|")])
+    delim, delim_name = rng.choice(list(DELIMITERS.items()))
     key = rng.choice(sorted(names.keys))
     key_values = names.keys[key]
     target = rng.choice(key_values)

@@ -70,3 +70,18 @@ def test_deterministic_and_validated(tmp_path, train_tasks):
         build_tiny_model(tmp_path / "c", [])
     with pytest.raises(TinyModelError, match="divide"):
         build_tiny_model(tmp_path / "d", corpus, hidden=30, heads=4)
+
+
+def test_rare_word_share_keeps_one_text_words_out_of_the_vocabulary(tmp_path):
+    # "galoza" recurs in one text only; "ledger" in every text. Learnt from every word, both become tokens; with
+    # rare_word_share the one-text name splits into pieces while the common word stays whole.
+    corpus = [f"Sum the ledger under `/app/galoza`: galoza galoza galoza, text {i}." if i == 0 else
+              f"Sum the ledger under `/app/folder{i}`, text {i}." for i in range(20)]
+    kw = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "vocab_size": 400}
+    every = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "every", corpus, **kw))
+    common = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "common", corpus, rare_word_share=0.1, **kw))
+    assert every.tokenize(" galoza") == ["Ġgaloza"]
+    assert len(common.tokenize(" galoza")) > 1
+    assert common.tokenize(" ledger") == every.tokenize(" ledger") == ["Ġledger"]
+    with pytest.raises(TinyModelError, match="rare_word_share"):
+        build_tiny_model(tmp_path / "bad", corpus, rare_word_share=1.0, **kw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 
 import pytest
@@ -10,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks import arithmetic
 from training.tiny import build_tiny_model, task_corpus
-from training.warmup import WarmupError, warm_up_copying
+from training.warmup import WarmupError, recoin, warm_up_copying
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +81,23 @@ def test_bad_input_is_refused_before_any_write(base, tmp_path):
     with pytest.raises(WarmupError, match="steps"):
         warm_up_copying(model, ["x"], steps=-1)
     assert (model / "model.safetensors").read_bytes() == before
+
+
+def test_recoin_replaces_the_letters_of_rare_words_only():
+    text = "Sum `tilo` under `/app/galoza` for 2024, then Sum again."
+    out = recoin(text, {"tilo", "/galoza", "Sum"}, random.Random(0))
+    assert len(out) == len(text)
+    assert out[5:9] != "tilo" and out[5:9].islower() and out[:5] != "Sum `"[:5] and out[0].isupper()
+    assert out[17:23] == "`/app/" and out[23:29] != "galoza" and out[29:] == "` for 2024, then Sum again."
+    assert recoin(text, set(), random.Random(0)) == text
+
+
+def test_rare_word_share_echoes_recoined_prompts(base, tmp_path):
+    """With rare_word_share, every other echo carries words no prompt holds: its losses differ from plain echoes of
+    the same draw; without it the draw is the plain one (the flywheel's default is unchanged)."""
+    texts = [f"Add up `{w}` in `/app/{w}x` then stop." for w in ("alpha", "beta", "gamma", "delta", "omega")] * 4
+    plain = warm_up_copying(_copy(base, tmp_path, "p"), texts, steps=3, batch_size=4)
+    again = warm_up_copying(_copy(base, tmp_path, "q"), texts, steps=3, batch_size=4, rare_word_share=0.0)
+    fresh = warm_up_copying(_copy(base, tmp_path, "r"), texts, steps=3, batch_size=4, rare_word_share=0.3)
+    assert plain.losses == again.losses
+    assert fresh.losses != plain.losses
