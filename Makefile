@@ -35,7 +35,7 @@ bench:
 	.venv/bin/python benchmarks/decontam.py --train 1000 --heldout 100 --code-train 100
 	.venv/bin/python benchmarks/startup.py --rounds 1
 	.venv/bin/python benchmarks/server_start.py --rounds 2
-	.venv/bin/python benchmarks/copy_skill.py --steps 0 400
+	.venv/bin/python benchmarks/copy_skill.py --shares 0 0.05 --steps 0 400
 
 lint:
 	.venv/bin/ruff check .

@@ -19,6 +19,12 @@ steps left the echo loss at 0.13 for the default student (47% of held-out prompt
 68% on held-out arithmetic-d1, the round-1 figures of the flywheel's runs then; at 1e-3 the echo loss ends at 0.011
 and 0.012 (100% and 97% echoed) and the same SFT scores 100% for both (50 of 50; README, issue 35's note).
 
+Echoing a task's prompts can be learnt by memorising them, and a tiny base does that with names coined per task:
+on the shell config's ledger prompts, 1,200 steps echoed every train prompt and no held-out one (benchmarks/
+copy_skill.py). With `rare_word_share` (TinyModelConfig.rare_word_share) every other echoed prompt has its rare
+words, the ones in fewer than that share of the prompts (the coined names), re-coined in random letters each time,
+which only copying can echo; the tokenizer then also spells those words out in common pieces (training/tiny.py).
+
 What it does not do: it never shows the model a chat turn, a tool call or an answer, so the base still scores 0%
 (the flywheel measures it); pass it train-split texts only (the flywheel passes its train tasks' prompts). It
 trains nothing else (SFT and GRPO: sft.py, grpo.py).
