@@ -8,8 +8,10 @@ is read with `warehouse.chat.parse_text` in the dialect of the model's chat temp
 Hermes `<tool_call>` blocks with Qwen3 `<think>`, or GPT-OSS harmony channels), the one conversation codec that SFT,
 GRPO and export use too; generation stops at any of the model's end-of-turn tokens (generation_config.eos_token_id:
 harmony's `<|call|>` and `<|return|>`, or `<|im_end|>`). A malformed `<tool_call>` block or an empty reply stays in
-the message for the loop to judge (model_error). A prompt that leaves no room for `max_new_tokens` within the
-model's context raises ContextLengthError. Each reply carries what the model actually saw and wrote: the prompt's
+the message for the loop to judge (model_error). `max_new_tokens` is a ceiling per reply: a later turn whose prompt
+leaves less room in the model's context (max_position_embeddings) is generated up to that room (a reply cut there
+finishes with "length", as one cut by the ceiling does), so that a multi-turn episode whose first call was long can
+still give its final answer; only a prompt that fills the context raises ContextLengthError. Each reply carries what the model actually saw and wrote: the prompt's
 token ids as fed to `generate`, the completion's ids (up to and including the stop token) and their logprobs, the
 chat template's hash (`warehouse.chat.template_hash`) and the checkpoint's version (`checkpoint_version`: a content
 hash of its files), read by `TurnReader`, which the vLLM policy shares. Reasoning is rendered the way the template
@@ -142,14 +144,15 @@ class _RowGumbel:
 
 
 class _Request:
-    __slots__ = ("future", "key", "loop", "prompt_ids")
+    __slots__ = ("budget", "future", "key", "loop", "prompt_ids")
 
     def __init__(self, prompt_ids: list[int], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
-                 key: int) -> None:
+                 key: int, budget: int) -> None:
         self.prompt_ids = prompt_ids
         self.future = future
         self.loop = loop
         self.key = key
+        self.budget = budget
 
 
 class TransformersPolicy:
@@ -220,18 +223,28 @@ class TransformersPolicy:
     async def reply(self, messages: list[Message], tools: list[dict[str, Any]], *, task: Task,
                     sample_index: int) -> PolicyReply:
         ids = self.prompt_ids(messages, tools)
-        if self.max_context and len(ids) + self.max_new_tokens > self.max_context:
-            raise ContextLengthError(f"prompt of {len(ids)} tokens + max_new_tokens={self.max_new_tokens} exceeds "
-                                     f"the context of {self.max_context} tokens of {self.model_path}")
+        budget = self.budget(len(ids))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
-        self._queue.append(_Request(ids, fut, loop, sample_key(self.seed, task.id, sample_index, len(messages))))
+        self._queue.append(_Request(ids, fut, loop, sample_key(self.seed, task.id, sample_index, len(messages)),
+                                    budget))
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         elif self._wake is not None:
             self._wake.set()
         out_ids, logprobs, finish = await fut
         return self.reader.reply(out_ids, turn=len(messages), prompt_ids=ids, logprobs=logprobs, finish=finish)
+
+    def budget(self, prompt_tokens: int) -> int:
+        """New tokens a reply to a prompt of `prompt_tokens` may have: max_new_tokens, or the room left in the
+        model's context when that is less. ContextLengthError when the prompt leaves no room at all."""
+        if not self.max_context:
+            return self.max_new_tokens
+        room = self.max_context - prompt_tokens
+        if room < 1:
+            raise ContextLengthError(f"prompt of {prompt_tokens} tokens fills the context of {self.max_context} "
+                                     f"tokens of {self.model_path}: no room for a reply")
+        return min(self.max_new_tokens, room)
 
     def lockstep(self, workers: int) -> None:
         """Hold `workers` more rollout workers in lockstep (called by agents.rollout in its event loop): batches wait
@@ -271,7 +284,7 @@ class TransformersPolicy:
             batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size:]
             try:
                 results = await asyncio.to_thread(self._generate, [r.prompt_ids for r in batch],
-                                                  [r.key for r in batch])
+                                                  [r.key for r in batch], [r.budget for r in batch])
             except Exception as e:  # the whole batch failed: every waiter sees it  # noqa: BLE001
                 for r in batch:
                     if not r.future.done():
@@ -285,45 +298,60 @@ class TransformersPolicy:
     def generate_batch(self, prompts: list[list[int]], keys: list[int] | None = None
                        ) -> list[tuple[list[int], list[float], str]]:
         """Generate for several prompts at once: (completion ids up to the stop token, their logprobs, finish).
-        When sampling, `keys` seed each row (default: the policy's seed and the row's position)."""
+        When sampling, `keys` seed each row (default: the policy's seed and the row's position). Each row's
+        length is bounded by `budget` (ContextLengthError for a prompt that fills the context)."""
         return self._generate(prompts, keys if keys is not None else
-                              [sample_key(self.seed, i) for i in range(len(prompts))])
+                              [sample_key(self.seed, i) for i in range(len(prompts))],
+                              [self.budget(len(p)) for p in prompts])
 
-    def _generate(self, prompts: list[list[int]], keys: list[int]) -> list[tuple[list[int], list[float], str]]:
+    def _generate(self, prompts: list[list[int]], keys: list[int], budgets: list[int]
+                  ) -> list[tuple[list[int], list[float], str]]:
+        """One `generate` call per distinct budget in the batch (almost always one), so that no row is generated
+        past its room in the context; results in the order of `prompts`."""
+        with self._lock:
+            self._batches += 1
+            results: list[tuple[list[int], list[float], str]] = [([], [], "length")] * len(prompts)
+            for budget in sorted(set(budgets), reverse=True):
+                rows = [i for i, b in enumerate(budgets) if b == budget]
+                for i, res in zip(rows, self._generate_rows([prompts[i] for i in rows], [keys[i] for i in rows],
+                                                            budget)):
+                    results[i] = res
+            return results
+
+    def _generate_rows(self, prompts: list[list[int]], keys: list[int], budget: int
+                       ) -> list[tuple[list[int], list[float], str]]:
         import torch
         from transformers import LogitsProcessorList
 
-        with self._lock:
-            self._batches += 1
-            pad = self.tokenizer.pad_token_id
-            width = max(len(p) for p in prompts)
-            input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(prompts), width), dtype=torch.long)
-            for i, p in enumerate(prompts):
-                input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-                attn[i, width - len(p):] = 1
-            kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "eos_token_id": self._stop_ids,
-                                  "pad_token_id": pad, "return_dict_in_generate": True, "output_logits": True}
-            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            if self.temperature > 0:  # greedy over Gumbel-perturbed logits is sampling, seeded per row
-                kw["logits_processor"] = LogitsProcessorList([_RowGumbel(keys, self.temperature, self.top_p)])
-            with torch.no_grad():
-                out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
-                                          **kw)
-            seqs = out.sequences[:, width:].cpu()
-            logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else None
-            results = []
-            for i in range(len(prompts)):
-                ids = seqs[i].tolist()
-                finish = "length"
-                for j, t in enumerate(ids):
-                    if t in self._stop_ids:
-                        ids = ids[: j + 1]
-                        finish = "stop"
-                        break
-                lps: list[float] = []
-                if logits is not None and ids:
-                    lp = torch.log_softmax(logits[i, : len(ids)], dim=-1)
-                    lps = lp.gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1).tolist()
-                results.append((ids, lps, finish))
-            return results
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p):] = 1
+        kw: dict[str, Any] = {"max_new_tokens": budget, "eos_token_id": self._stop_ids,
+                              "pad_token_id": pad, "return_dict_in_generate": True, "output_logits": True}
+        kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if self.temperature > 0:  # greedy over Gumbel-perturbed logits is sampling, seeded per row
+            kw["logits_processor"] = LogitsProcessorList([_RowGumbel(keys, self.temperature, self.top_p)])
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
+                                      **kw)
+        seqs = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else None
+        results = []
+        for i in range(len(prompts)):
+            ids = seqs[i].tolist()
+            finish = "length"
+            for j, t in enumerate(ids):
+                if t in self._stop_ids:
+                    ids = ids[: j + 1]
+                    finish = "stop"
+                    break
+            lps: list[float] = []
+            if logits is not None and ids:
+                lp = torch.log_softmax(logits[i, : len(ids)], dim=-1)
+                lps = lp.gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1).tolist()
+            results.append((ids, lps, finish))
+        return results

@@ -57,7 +57,7 @@ OPENERS = ["Under `/app/{root}` there are CSV files, some of them in subfolders.
            "The folder `/app/{root}` holds CSV exports spread over several subfolders.",
            "Look through `/app/{root}`: it contains CSV files (and a few other files) in nested folders.",
            "Several CSV files live somewhere below `/app/{root}`."]
-# the delimiter is named in words, as people write it; the oracle's program takes the same word
+# the delimiter is named in words, as people write it (the oracle's program reads each file's from its header)
 DELIMITERS = {",": "comma", ";": "semicolon", "|": "pipe"}
 FORMAT_LINES = ["Each CSV file has a header row and uses a {delim_name} as its delimiter.",
                 "Every CSV file starts with a header line; fields are separated by a {delim_name}.",
@@ -196,12 +196,11 @@ def solve_script(params: dict[str, str]) -> str:
                       if not x.startswith("# ruff:")).lstrip("\n")
     line = next(x for x in program.splitlines() if x.endswith("# PARAMS"))
     names = line.split(" = ", 1)[0]
-    # the delimiter by the name the instruction gives it; a count reads no value column (two of its three wordings
-    # name none), so the oracle writes none either
-    params = {**params, "delimiter": DELIMITERS[params["delimiter"]],
-              "value_column": "" if params["aggregate"] == "count" else params["value_column"]}
-    values = [params[k] for k in ("folder", "delimiter", "key_column", "key_value", "value_column", "aggregate",
-                                  "group_by", "format", "output")]
+    # a count reads no value column (two of its three wordings name none), so the oracle writes none either; the
+    # delimiter is no value: the program reads each file's from its header
+    params = {**params, "value_column": "" if params["aggregate"] == "count" else params["value_column"]}
+    values = [params[k] for k in ("folder", "key_column", "key_value", "value_column", "aggregate", "group_by",
+                                  "format", "output")]
     program = program.replace(line, f"{names} = {', '.join(json.dumps(v) for v in values)}")
     return f"#!/bin/bash\nset -euo pipefail\npython3 - <<'EOF'\n{program}EOF\n"
 

@@ -50,12 +50,32 @@ def test_concurrent_replies_share_one_generate_call_and_greedy_is_deterministic(
     assert [solo.generate_batch([i])[0][0] for i in ids] == [x[0] for x in pol.generate_batch(ids)]
 
 
-def test_context_too_long_is_a_context_length_error(tiny_dir):
-    pol = TransformersPolicy(tiny_dir, max_new_tokens=64, device="cpu")
+def test_a_reply_gets_the_room_left_in_the_context_and_a_full_context_is_a_context_length_error(tiny_dir):
+    """max_new_tokens is a ceiling: a late turn near the end of the context (256 positions here) is generated up to
+    the room left, in the same batch as a turn with all its room; a prompt that fills the context is an error."""
+    pol = TransformersPolicy(tiny_dir, max_new_tokens=64, batch_size=8, device="cpu")
     t = arithmetic.generate(1, split="train", seed=2)[0]
-    long = [*_msgs(t), Message(role="user", content="many words " * 300)]
-    with pytest.raises(ContextLengthError, match="context"):
-        asyncio.run(pol.reply(long, [], task=t, sample_index=0))
+    words = 1
+    while len(pol.prompt_ids(near := [*_msgs(t), Message(role="user", content="many " * words)], [])) < 256 - 10:
+        words += 1
+    room = 256 - len(pol.prompt_ids(near, []))
+    assert 0 < room <= 10 and pol.budget(256 - room) == room and pol.budget(10) == 64
+
+    async def both():
+        return await asyncio.gather(pol.reply(_msgs(t), [], task=t, sample_index=0),
+                                    pol.reply(near, [], task=t, sample_index=0))
+    batches = pol._batches
+    short, late = asyncio.run(both())
+    assert pol._batches == batches + 1  # one batch, cut into one generate call per budget
+    assert late.completion_tokens <= room and late.prompt_tokens + late.completion_tokens <= 256
+    # the untrained model never stops by itself: the full turn ran to its ceiling, the late one to its room
+    assert (short.completion_tokens, late.completion_tokens) == (64, room)
+    assert late.finish_reason in ("length", "tool_calls")
+    solo = TransformersPolicy(tiny_dir, max_new_tokens=64, batch_size=1, device="cpu")
+    assert solo.generate_batch([pol.prompt_ids(_msgs(t), [])])[0][0] == short.token_ids
+    full = [*_msgs(t), Message(role="user", content="many words " * 300)]
+    with pytest.raises(ContextLengthError, match="fills the context"):
+        asyncio.run(pol.reply(full, [], task=t, sample_index=0))
 
 
 def test_sampling_is_seeded_per_request_not_per_batch(tiny_dir):
@@ -122,9 +142,9 @@ def test_a_rollout_holds_the_policy_in_lockstep_so_batches_do_not_depend_on_timi
         seen: list[tuple[int, ...]] = []
         generate = pol._generate
 
-        def recorded(prompts, keys):
+        def recorded(prompts, keys, budgets):
             seen.append(tuple(keys))
-            return generate(prompts, keys)
+            return generate(prompts, keys, budgets)
 
         pol._generate = recorded
         rows: list = []

@@ -68,7 +68,7 @@ class ScriptedModel(TransformersPolicy):
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
 
-    def _generate(self, prompts, keys):
+    def _generate(self, prompts, keys, budgets):
         out = []
         for _ in prompts:
             ids = self.ids(self.texts[min(self.turn, len(self.texts) - 1)])
