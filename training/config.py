@@ -62,7 +62,8 @@ class StudentConfig(BaseModel):
                       "'tiny-gptoss' (GPT-OSS: MoE, attention sinks, sliding window, harmony template) or "
                       "'tiny-qwen3' (Qwen3, <think> template); or a model folder / hub id.")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Size of the tiny base student.")
-    max_new_tokens: int = Field(default=64, gt=0, description="Tokens per assistant turn.")
+    max_new_tokens: int = Field(default=64, gt=0, description="Most tokens per assistant turn (fewer when the "
+                                "model's context has less room left).")
     batch_size: int = Field(default=64, gt=0, description="Concurrent episodes batched into one generate call.")
     threads: int | None = Field(default=1, description="torch CPU threads for generation (1 is fastest for tiny "
                                                        "models on a shared CPU).")
