@@ -11,21 +11,22 @@ harmony's `<|call|>` and `<|return|>`, or `<|im_end|>`). A malformed `<tool_call
 the message for the loop to judge (model_error). `max_new_tokens` is a ceiling per reply: a later turn whose prompt
 leaves less room in the model's context (max_position_embeddings) is generated up to that room (a reply cut there
 finishes with "length", as one cut by the ceiling does), so that a multi-turn episode whose first call was long can
-still give its final answer; only a prompt that fills the context raises ContextLengthError. Each reply carries what the model actually saw and wrote: the prompt's
-token ids as fed to `generate`, the completion's ids (up to and including the stop token) and their logprobs, the
-chat template's hash (`warehouse.chat.template_hash`) and the checkpoint's version (`checkpoint_version`: a content
-hash of its files), read by `TurnReader`, which the vLLM policy shares. Reasoning is rendered the way the template
-expects (`warehouse.chat.to_template`: harmony's analysis channel, a field such as Qwen3's `reasoning_content`, or
-inline as `<think>` in the content) and read back by the codec. Greedy decoding (temperature 0) is deterministic;
-sampling is seeded per request, by (seed, task id, sample index, turn): each row draws its own Gumbel noise (argmax
-of logits/T + Gumbel noise is an exact sample of softmax(logits/T)), so a sampled reply does not depend on which
-requests share its batch or on thread timing, and a resumed run samples what the uninterrupted one did. Which
-requests share a batch still moves a row's logits in the last bits (padding to the batch's longest prompt: measured
-up to 5e-7 in a logprob), which can flip a near-tie token. So the rollout runner holds the policy in lockstep
-(`lockstep`, agents/rollout.py): a batch is cut only when every worker of the rollout that still has episodes waits
-for a reply, and its requests are ordered by their keys, so each batch is the same set in the same order whatever
-the load and the thread timing (`LOCKSTEP_WAIT_S` bounds the wait: past it the batch is cut with a warning, as a
-worker blocked elsewhere must not stall the others). This module does not run tools or verify anything."""
+still give its final answer; only a prompt that fills the context raises ContextLengthError. Each reply carries what
+the model actually saw and wrote: the prompt's token ids as fed to `generate`, the completion's ids (up to and
+including the stop token) and their logprobs, the chat template's hash (`warehouse.chat.template_hash`) and the
+checkpoint's version (`checkpoint_version`: a content hash of its files), read by `TurnReader`, which the vLLM
+policy shares. Reasoning is rendered the way the template expects (`warehouse.chat.to_template`: harmony's analysis
+channel, a field such as Qwen3's `reasoning_content`, or inline as `<think>` in the content) and read back by the
+codec. Greedy decoding (temperature 0) is deterministic; sampling is seeded per request, by (seed, task id, sample
+index, turn): each row draws its own Gumbel noise (argmax of logits/T + Gumbel noise is an exact sample of
+softmax(logits/T)), so a sampled reply does not depend on which requests share its batch or on thread timing, and a
+resumed run samples what the uninterrupted one did. Which requests share a batch still moves a row's logits in the
+last bits (padding to the batch's longest prompt: measured up to 5e-7 in a logprob), which can flip a near-tie
+token. So the rollout runner holds the policy in lockstep (`lockstep`, agents/rollout.py): a batch is cut only when
+every worker of the rollout that still has episodes waits for a reply, and its requests are ordered by their keys,
+so each batch is the same set in the same order whatever the load and the thread timing (`LOCKSTEP_WAIT_S` bounds
+the wait: past it the batch is cut with a warning, as a worker blocked elsewhere must not stall the others). This
+module does not run tools or verify anything."""
 
 from __future__ import annotations
 

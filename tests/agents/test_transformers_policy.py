@@ -68,9 +68,9 @@ def test_a_reply_gets_the_room_left_in_the_context_and_a_full_context_is_a_conte
     short, late = asyncio.run(both())
     assert pol._batches == batches + 1  # one batch, cut into one generate call per budget
     assert late.completion_tokens <= room and late.prompt_tokens + late.completion_tokens <= 256
-    # the untrained model never stops by itself: the full turn ran to its ceiling, the late one to its room
-    assert (short.completion_tokens, late.completion_tokens) == (64, room)
-    assert late.finish_reason in ("length", "tool_calls")
+    # a reply that did not stop ran to its bound: the ceiling for the full turn, the room left for the late one
+    assert short.completion_tokens == 64 or short.finish_reason == "stop"
+    assert late.completion_tokens == room or late.finish_reason == "stop"
     solo = TransformersPolicy(tiny_dir, max_new_tokens=64, batch_size=1, device="cpu")
     assert solo.generate_batch([pol.prompt_ids(_msgs(t), [])])[0][0] == short.token_ids
     full = [*_msgs(t), Message(role="user", content="many words " * 300)]
